@@ -1,0 +1,59 @@
+"""binproto: a Sans-IO parser and encoder for the Open Inference Protocol
+(KServe V2 / Triton) binary tensor data extension.
+
+The core does no I/O: feed body bytes in any chunking to a :class:`Parser` and
+pull events; adapters under ``binproto.adapters`` connect it to sockets.
+"""
+
+from ._assemble import TensorAssembler
+from ._bytes import BytesFramer, split_bytes
+from ._datatypes import DATATYPES, DataType, datatype_for_dtype, datatype_of
+from ._decode import DecodedMessage, decode_request, decode_response
+from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError
+from ._events import (
+    NEED_DATA,
+    Event,
+    HeaderParsed,
+    MessageComplete,
+    NeedData,
+    TensorChunk,
+    TensorComplete,
+)
+from ._header import InferenceHeader, RequestedOutput, TensorInfo
+from ._http import HEADER_LENGTH_NAME, header_length_from
+from ._limits import Limits
+from ._parser import Parser, ParserState
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DATATYPES",
+    "HEADER_LENGTH_NAME",
+    "NEED_DATA",
+    "BytesFramer",
+    "DataType",
+    "DecodedMessage",
+    "Event",
+    "HeaderParsed",
+    "InferenceHeader",
+    "Limits",
+    "LocalProtocolError",
+    "MessageComplete",
+    "NeedData",
+    "Parser",
+    "ParserState",
+    "ProtocolError",
+    "RemoteProtocolError",
+    "RequestedOutput",
+    "TensorAssembler",
+    "TensorChunk",
+    "TensorComplete",
+    "TensorInfo",
+    "__version__",
+    "datatype_for_dtype",
+    "datatype_of",
+    "decode_request",
+    "decode_response",
+    "header_length_from",
+    "split_bytes",
+]

@@ -1,0 +1,133 @@
+"""Build numpy arrays from parser events with one copy per byte."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from ._bytes import split_bytes
+from ._errors import LocalProtocolError
+from ._events import Event, HeaderParsed, TensorChunk, TensorComplete
+from ._header import InferenceHeader, TensorInfo
+
+__all__ = ["Destinations", "TensorAssembler", "array_from_bytes"]
+
+#: Where a TensorAssembler puts tensors: by name, or chosen per tensor.
+Destinations = (
+    Mapping[str, np.ndarray[Any, Any]] | Callable[[TensorInfo], np.ndarray[Any, Any] | None] | None
+)
+
+
+def array_from_bytes(info: TensorInfo, buf: Any) -> np.ndarray[Any, Any]:
+    """The array a tensor's complete binary bytes ``buf`` stand for (no copy,
+    except BYTES, whose elements become ``bytes`` objects)."""
+    if info.datatype == "BYTES":
+        return split_bytes(buf, info.elements).reshape(info.shape)
+    arr = np.frombuffer(buf, dtype=info.dtype)
+    if info.datatype == "BOOL":
+        arr = arr.view(np.bool_)
+    return arr.reshape(info.shape)
+
+
+class TensorAssembler:
+    """Consume parser events and build each tensor's numpy array.
+
+    Binary tensor bytes are copied exactly once, from the chunk into memory
+    allocated for the tensor from its validated ``binary_data_size`` when its
+    first byte arrives, or into a destination array the caller provides.
+
+    Args:
+        destinations: where to put tensors: a mapping from tensor name to an
+            array, or a callable that gets each binary tensor's
+            :class:`TensorInfo` and returns an array or None (None: let the
+            assembler allocate). A destination must be writable, C-contiguous,
+            and exactly ``binary_size`` bytes; its dtype is the caller's
+            choice. BYTES tensors always use the assembler's own memory.
+
+    After :class:`TensorComplete`, ``tensors[name]`` holds the tensor: the
+    destination array itself when one was given, else a new array of the
+    tensor's dtype and shape. JSON-data tensors come from the header; tensors
+    in shared memory have no bytes in the body and are listed in
+    ``shared_memory`` instead.
+    """
+
+    def __init__(self, destinations: Destinations = None) -> None:
+        self._destinations = destinations
+        self.header: InferenceHeader | None = None
+        #: Complete tensors by name.
+        self.tensors: dict[str, np.ndarray[Any, Any]] = {}
+        #: Names of tensors that live in shared memory.
+        self.shared_memory: list[str] = []
+        self._targets: dict[int, memoryview] = {}
+        self._arrays: dict[int, np.ndarray[Any, Any]] = {}
+        self._own: set[int] = set()  # tensors in memory the assembler allocated
+
+    def __call__(self, event: Event) -> None:
+        """Same as :meth:`feed`."""
+        self.feed(event)
+
+    def feed(self, event: Event) -> None:
+        """Take one event from the parser."""
+        if type(event) is TensorChunk:
+            target = self._targets.get(event.index)
+            if target is None:
+                target = self._allocate(event.index)
+            data = event.data
+            target[event.offset : event.offset + len(data)] = data
+        elif type(event) is HeaderParsed:
+            self.header = event.header
+        elif type(event) is TensorComplete:
+            self._complete(event.info)
+
+    def _allocate(self, index: int) -> memoryview:
+        if self.header is None:
+            raise LocalProtocolError("TensorAssembler got a TensorChunk before HeaderParsed")
+        info = self.header.tensors[index]
+        size = info.binary_size or 0
+        array = self._destination(info)
+        if array is None:
+            array = np.empty(size, dtype=np.uint8)
+            self._own.add(index)
+        target = array.reshape(-1).view(np.uint8).data
+        self._arrays[index] = array
+        self._targets[index] = target
+        return target
+
+    def _destination(self, info: TensorInfo) -> np.ndarray[Any, Any] | None:
+        dest = self._destinations
+        if dest is None or info.datatype == "BYTES":
+            return None
+        array = dest.get(info.name) if isinstance(dest, Mapping) else dest(info)
+        if array is None:
+            return None
+        if not isinstance(array, np.ndarray):
+            raise LocalProtocolError(f"destination for '{info.name}' is not a numpy array")
+        if not (array.flags.c_contiguous and array.flags.writeable):
+            raise LocalProtocolError(
+                f"destination for '{info.name}' must be writable and C-contiguous"
+            )
+        if array.nbytes != info.binary_size:
+            raise LocalProtocolError(
+                f"destination for '{info.name}' holds {array.nbytes} bytes,"
+                f" the tensor has {info.binary_size}"
+            )
+        return array
+
+    def _complete(self, info: TensorInfo) -> None:
+        if info.binary_size is None:
+            if info.shared_memory:
+                self.shared_memory.append(info.name)
+            elif info.array is not None:
+                self.tensors[info.name] = info.array
+            return
+        index = info.index
+        if index not in self._arrays:
+            self._allocate(index)  # zero-size tensors have no chunks
+        array = self._arrays.pop(index)
+        del self._targets[index]
+        if index in self._own:
+            self._own.discard(index)
+            array = array_from_bytes(info, array)
+        self.tensors[info.name] = array

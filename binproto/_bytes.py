@@ -1,0 +1,118 @@
+"""BYTES tensors: length-prefixed elements, checked as they stream, split at once."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import numpy as np
+
+from ._errors import RemoteProtocolError
+
+__all__ = ["BytesFramer", "split_bytes"]
+
+_U32 = struct.Struct("<I")
+
+
+class BytesFramer:
+    """Checks the framing of one BYTES tensor chunk by chunk.
+
+    Works wherever chunk boundaries fall, including inside a 4-byte length
+    prefix. Each element's length is checked against the bytes the tensor has
+    left, so an overrun is reported at the prefix that claims it, at the same
+    offset for every chunking. Only prefixes are looked at: element bytes are
+    skipped, never copied.
+    """
+
+    __slots__ = ("_count", "_label", "_partial", "_partial_at", "_skip", "base", "elements", "size")
+
+    def __init__(self, label: str, elements: int, size: int, base: int) -> None:
+        self._label = label
+        self.elements = elements
+        self.size = size
+        self.base = base  # body offset of the tensor's first byte
+        self._count = 0  # elements whose prefix has been read
+        self._skip = 0  # bytes of the current element still to pass over
+        self._partial = b""  # a prefix split across chunks
+        self._partial_at = 0
+
+    def _element(self, length: int, at: int) -> None:
+        """Account for a prefix found at tensor offset ``at``."""
+        self._count += 1
+        if self._count > self.elements:
+            raise RemoteProtocolError(
+                f"unexpected number of string elements for {self._label}: more than"
+                f" the {self.elements} its shape holds",
+                offset=self.base + at,
+            )
+        left = self.size - at - 4
+        if length > left:
+            raise RemoteProtocolError(
+                f"BYTES element {self._count - 1} of {self._label} claims {length} bytes"
+                f" but only {left} remain in its binary_data_size",
+                offset=self.base + at,
+            )
+        self._skip = length
+
+    def feed(self, data: memoryview, offset: int) -> None:
+        """Check ``data``, the tensor's bytes from tensor offset ``offset``."""
+        n = len(data)
+        i = 0
+        if self._skip >= n:
+            self._skip -= n
+            return
+        i = self._skip
+        self._skip = 0
+        if self._partial:
+            take = min(4 - len(self._partial), n - i)
+            self._partial += bytes(data[i : i + take])
+            i += take
+            if len(self._partial) < 4:
+                return
+            length = int.from_bytes(self._partial, "little")
+            self._partial = b""
+            self._element(length, self._partial_at)
+            if self._skip >= n - i:
+                self._skip -= n - i
+                return
+            i += self._skip
+            self._skip = 0
+        unpack = _U32.unpack_from
+        while n - i >= 4:
+            (length,) = unpack(data, i)
+            self._element(length, offset + i)
+            i += 4 + length
+            if i > n:
+                self._skip = i - n
+                return
+            self._skip = 0
+        if i < n:
+            self._partial = bytes(data[i:n])
+            self._partial_at = offset + i
+
+    def finish(self) -> None:
+        """Check the tensor ended on an element boundary with every element."""
+        if self._partial or self._count != self.elements:
+            raise RemoteProtocolError(
+                f"unexpected number of string elements for {self._label}: its"
+                f" binary_data_size holds {self._count}"
+                f"{' and a partial length prefix' if self._partial else ''},"
+                f" its shape {self.elements}",
+                offset=self.base + self.size,
+            )
+
+
+def split_bytes(buf: Any, count: int) -> np.ndarray[Any, np.dtype[np.object_]]:
+    """Split already-checked BYTES framing into a 1-D object array of ``bytes``."""
+    data = bytes(buf) if not isinstance(buf, bytes) else buf
+    unpack = _U32.unpack_from
+    out: list[bytes] = [b""] * count
+    pos = 0
+    for k in range(count):
+        (length,) = unpack(data, pos)
+        pos += 4
+        out[k] = data[pos : pos + length]
+        pos += length
+    arr = np.empty(count, dtype=object)
+    arr[:] = out
+    return arr

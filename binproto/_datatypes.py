@@ -1,0 +1,88 @@
+"""The V2 datatypes: wire names, element sizes and numpy dtypes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["BF16_DTYPE", "DATATYPES", "DataType", "datatype_for_dtype", "datatype_of"]
+
+
+def _bf16_dtype() -> tuple[np.dtype[Any], bool]:
+    try:
+        import ml_dtypes
+    except ImportError:  # the documented fallback: raw bfloat16 bits
+        return np.dtype("<u2"), False
+    return np.dtype(ml_dtypes.bfloat16), True
+
+
+BF16_DTYPE, HAVE_ML_DTYPES = _bf16_dtype()
+
+
+@dataclass(frozen=True, slots=True)
+class DataType:
+    """One V2 datatype.
+
+    ``itemsize`` is the element size on the wire (``None`` for BYTES, whose
+    elements are length-prefixed). ``dtype`` is the explicit little-endian numpy
+    dtype arrays of this type decode to (``object`` for BYTES; for BF16,
+    ``ml_dtypes.bfloat16`` when installed, else ``uint16`` holding the raw bits).
+    """
+
+    name: str
+    itemsize: int | None
+    dtype: np.dtype[Any]
+
+
+def _table() -> dict[str, DataType]:
+    fixed = {
+        "BOOL": "?",
+        "UINT8": "u1",
+        "UINT16": "<u2",
+        "UINT32": "<u4",
+        "UINT64": "<u8",
+        "INT8": "i1",
+        "INT16": "<i2",
+        "INT32": "<i4",
+        "INT64": "<i8",
+        "FP16": "<f2",
+        "FP32": "<f4",
+        "FP64": "<f8",
+    }
+    table = {
+        name: DataType(name, np.dtype(code).itemsize, np.dtype(code))
+        for name, code in fixed.items()
+    }
+    table["BF16"] = DataType("BF16", 2, BF16_DTYPE)
+    table["BYTES"] = DataType("BYTES", None, np.dtype(object))
+    return table
+
+
+#: Every datatype of the protocol, by wire name.
+DATATYPES: dict[str, DataType] = _table()
+
+_BY_KIND_SIZE = {
+    (dt.dtype.kind, dt.dtype.itemsize): dt
+    for dt in DATATYPES.values()
+    if dt.itemsize is not None and dt.name != "BF16"
+}
+
+
+def datatype_of(name: str) -> DataType | None:
+    """Return the datatype with wire name ``name``, or None if there is none."""
+    return DATATYPES.get(name)
+
+
+def datatype_for_dtype(dtype: np.dtype[Any]) -> DataType | None:
+    """Return the wire datatype of a numpy dtype, or None if it has none.
+
+    Byte strings (``S``), unicode (``U``) and object arrays map to BYTES;
+    ``ml_dtypes.bfloat16`` maps to BF16.
+    """
+    if dtype.kind in "OSU":
+        return DATATYPES["BYTES"]
+    if HAVE_ML_DTYPES and dtype == BF16_DTYPE:
+        return DATATYPES["BF16"]
+    return _BY_KIND_SIZE.get((dtype.kind, dtype.itemsize))

@@ -1,0 +1,111 @@
+"""Whole-body decoding: zero-copy numpy views of a complete body."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ._assemble import array_from_bytes
+from ._errors import RemoteProtocolError
+from ._events import NEED_DATA, HeaderParsed, TensorChunk, TensorComplete
+from ._header import InferenceHeader, Kind
+from ._limits import Limits
+from ._parser import Parser, as_byte_view
+
+__all__ = ["DecodedMessage", "decode", "decode_request", "decode_response"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DecodedMessage:
+    """A complete request or response: its header and its tensors as arrays.
+
+    ``tensors`` maps each tensor in the body or in JSON to an array; tensors in
+    shared memory have no array and are named in ``shared_memory``.
+    """
+
+    header: InferenceHeader
+    tensors: dict[str, np.ndarray[Any, Any]] = field(repr=False)
+    shared_memory: tuple[str, ...] = ()
+
+
+def decode(
+    kind: Kind,
+    body: Any,
+    *,
+    header_length: int | None,
+    limits: Limits | None = None,
+    strict_bool: bool = True,
+) -> DecodedMessage:
+    """Decode a whole body. See :func:`decode_request`."""
+    view = as_byte_view(body)
+    parser = Parser(
+        kind,
+        header_length=header_length,
+        content_length=len(view),
+        limits=limits,
+        strict_bool=strict_bool,
+    )
+    parser.receive_data(view)
+    parser.receive_data(b"")
+    header: InferenceHeader | None = None
+    tensors: dict[str, np.ndarray[Any, Any]] = {}
+    shared: list[str] = []
+    pieces: list[memoryview] = []
+    while True:
+        event = parser.next_event()
+        if event is NEED_DATA:  # pragma: no cover - the whole body was given
+            raise RemoteProtocolError("unexpected end of body", offset=parser.bytes_parsed)
+        if type(event) is TensorChunk:
+            pieces.append(event.data)
+        elif type(event) is TensorComplete:
+            info = event.info
+            if info.binary_size is not None:
+                # One piece when the body is one buffer: a view, not a copy.
+                buf: Any = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+                tensors[info.name] = array_from_bytes(info, buf)
+                pieces = []
+            elif info.shared_memory:
+                shared.append(info.name)
+            elif info.array is not None:
+                tensors[info.name] = info.array
+        elif type(event) is HeaderParsed:
+            header = event.header
+        else:
+            break
+    assert header is not None
+    return DecodedMessage(header=header, tensors=tensors, shared_memory=tuple(shared))
+
+
+def decode_request(
+    body: Any,
+    *,
+    header_length: int | None,
+    limits: Limits | None = None,
+    strict_bool: bool = True,
+) -> DecodedMessage:
+    """Decode a whole request body.
+
+    ``header_length`` is the Inference-Header-Content-Length (None for a plain
+    JSON body). Binary tensors are zero-copy views of ``body`` (read-only when
+    ``body`` is ``bytes``) with explicit little-endian dtypes; BOOL becomes
+    ``bool_``; BYTES an object array of ``bytes``; JSON data arrays of the
+    tensor's dtype and shape.
+    """
+    return decode(
+        "request", body, header_length=header_length, limits=limits, strict_bool=strict_bool
+    )
+
+
+def decode_response(
+    body: Any,
+    *,
+    header_length: int | None,
+    limits: Limits | None = None,
+    strict_bool: bool = True,
+) -> DecodedMessage:
+    """Decode a whole response body; see :func:`decode_request`."""
+    return decode(
+        "response", body, header_length=header_length, limits=limits, strict_bool=strict_bool
+    )

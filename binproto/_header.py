@@ -1,0 +1,334 @@
+"""The JSON header of a request or response, validated into typed records."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from ._datatypes import DATATYPES, DataType
+from ._errors import RemoteProtocolError
+from ._json import json_data_to_array
+from ._limits import Limits
+
+__all__ = ["InferenceHeader", "Kind", "RequestedOutput", "TensorInfo", "build_header"]
+
+Kind = Literal["request", "response"]
+
+_U64 = 2**64
+
+
+@dataclass(frozen=True, slots=True)
+class RequestedOutput:
+    """An entry of a request's ``outputs``: which output to return, and how.
+
+    ``binary_data`` is the output's ``binary_data`` parameter (None when absent);
+    ``parameters`` holds every other parameter the client sent.
+    """
+
+    name: str
+    binary_data: bool | None = None
+    parameters: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TensorInfo:
+    """One input of a request or output of a response, as its header describes it.
+
+    Attributes:
+        index: position in the header's ``inputs`` / ``outputs``.
+        name, datatype, shape, parameters: as sent (``parameters`` includes
+            ``binary_data_size``).
+        binary_size: bytes of this tensor in the body (``binary_data_size``), or
+            None when it travels as JSON ``data`` or in shared memory.
+        data: the JSON ``data`` as sent, or None.
+        nbytes: size of the tensor's binary form (for BYTES sent as JSON, the
+            length-prefixed size its elements would take).
+        array: for a JSON-data tensor, the data as a numpy array of the
+            tensor's dtype and shape; None otherwise.
+        shared_memory: True when the tensor lives in a shared-memory region
+            named by its parameters rather than in the body.
+    """
+
+    index: int
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    parameters: Mapping[str, Any]
+    binary_size: int | None
+    data: Any
+    nbytes: int
+    array: np.ndarray[Any, Any] | None = None
+    shared_memory: bool = False
+
+    @property
+    def elements(self) -> int:
+        """Number of elements (product of ``shape``)."""
+        return math.prod(self.shape)
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """The numpy dtype arrays of this tensor decode to."""
+        return DATATYPES[self.datatype].dtype
+
+    def __repr__(self) -> str:
+        return (
+            f"TensorInfo(index={self.index}, name={self.name!r}, datatype={self.datatype!r},"
+            f" shape={list(self.shape)}, binary_size={self.binary_size})"
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InferenceHeader:
+    """The validated JSON header of an inference request or response.
+
+    Attributes:
+        kind: ``"request"`` or ``"response"``.
+        id, model_name, model_version: as sent, or None.
+        parameters: the top-level ``parameters`` (empty when absent or null).
+        tensors: the request's inputs or the response's outputs, in order.
+        requested_outputs: a request's ``outputs`` (None when absent, and for
+            a response).
+        raw: the decoded JSON object.
+        header_length: length of the JSON header in bytes.
+    """
+
+    kind: Kind
+    id: str | None
+    model_name: str | None
+    model_version: str | None
+    parameters: Mapping[str, Any]
+    tensors: tuple[TensorInfo, ...]
+    requested_outputs: tuple[RequestedOutput, ...] | None
+    raw: dict[str, Any] = field(repr=False)
+    header_length: int
+
+    @property
+    def binary_data_output(self) -> bool | None:
+        """The request's ``binary_data_output`` parameter, or None when absent."""
+        value = self.parameters.get("binary_data_output")
+        return value if isinstance(value, bool) else None
+
+    @property
+    def binary_size(self) -> int:
+        """Total bytes of binary tensor data following the header."""
+        return sum(t.binary_size or 0 for t in self.tensors)
+
+    def tensor(self, name: str) -> TensorInfo:
+        """The tensor called ``name`` (KeyError if there is none)."""
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+
+def _fail(msg: str, status: int = 400) -> RemoteProtocolError:
+    # Faults in the header's content point at the header's first byte.
+    return RemoteProtocolError(msg, status_hint=status, offset=0)
+
+
+def _optional_str(obj: dict[str, Any], key: str) -> str | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _fail(f"Unable to parse '{key}': expected a string")
+    return value
+
+
+def _parameters(obj: dict[str, Any], where: str) -> dict[str, Any]:
+    value = obj.get("parameters")
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _fail(f"Unable to parse 'parameters' of {where}: expected an object")
+    return value
+
+
+def _is_uint(value: object) -> bool:
+    return type(value) is int and 0 <= value < _U64
+
+
+def _shape(t: dict[str, Any], label: str) -> tuple[int, ...]:
+    shape = t.get("shape")
+    if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
+        raise _fail(f"Unable to parse 'shape' of {label}: expected a list of non-negative integers")
+    return tuple(shape)
+
+
+def _tensor(t: Any, index: int, role: str, limits: Limits, seen: set[str]) -> TensorInfo:
+    if not isinstance(t, dict):
+        raise _fail(f"Unable to parse '{role}s': element {index} is not an object")
+    name = t.get("name")
+    if not isinstance(name, str):
+        raise _fail(f"Unable to parse 'name' of {role} {index}")
+    label = f"{role} '{name}'"
+    if name in seen:
+        raise _fail(f"duplicate {role} name '{name}'")
+    seen.add(name)
+    datatype = t.get("datatype")
+    if not isinstance(datatype, str):
+        raise _fail(f"Unable to parse 'datatype' of {label}")
+    dt = DATATYPES.get(datatype)
+    if dt is None:
+        raise _fail(f"invalid datatype '{datatype}' for {label}")
+    shape = _shape(t, label)
+    params = _parameters(t, label)
+    elements = math.prod(shape)
+
+    has_data = "data" in t
+    has_binary = "binary_data_size" in params
+    has_shm = "shared_memory_region" in params
+    if has_data + has_binary + has_shm != 1:
+        which = [
+            n
+            for n, on in (
+                ("'data'", has_data),
+                ("'binary_data_size'", has_binary),
+                ("'shared_memory_region'", has_shm),
+            )
+            if on
+        ]
+        but = " set " + " ".join(which) if which else " no field is set"
+        raise _fail(
+            f"{role.capitalize()} '{name}' must set only one of the following fields: 'data',"
+            " 'binary_data_size' in 'parameters', 'shared_memory_region' in 'parameters'."
+            f" But{but}"
+        )
+
+    if has_binary:
+        size = params["binary_data_size"]
+        if type(size) is not int or size < 0:
+            raise _fail(
+                f"Unable to parse 'binary_data_size' of {label}: expected a non-negative integer"
+            )
+        if size > limits.max_tensor_bytes:
+            raise _fail(
+                f"binary_data_size {size} of {label} exceeds the limit of"
+                f" {limits.max_tensor_bytes} bytes",
+                413,
+            )
+        _check_binary_size(dt, elements, size, label)
+        return TensorInfo(
+            index=index,
+            name=name,
+            datatype=datatype,
+            shape=shape,
+            parameters=params,
+            binary_size=size,
+            data=None,
+            nbytes=size,
+        )
+    if has_shm:
+        itemsize = dt.itemsize
+        shm_size = params.get("shared_memory_byte_size")
+        if itemsize is not None:
+            nbytes = elements * itemsize
+        else:
+            nbytes = shm_size if type(shm_size) is int and shm_size >= 0 else 0
+        return TensorInfo(
+            index=index,
+            name=name,
+            datatype=datatype,
+            shape=shape,
+            parameters=params,
+            binary_size=None,
+            data=None,
+            nbytes=nbytes,
+            shared_memory=True,
+        )
+    array = json_data_to_array(t["data"], dt, shape, label, elements)
+    if dt.itemsize is None:
+        nbytes = 4 * array.size + sum(len(b) for b in array.flat)
+    else:
+        nbytes = elements * dt.itemsize
+    return TensorInfo(
+        index=index,
+        name=name,
+        datatype=datatype,
+        shape=shape,
+        parameters=params,
+        binary_size=None,
+        data=t["data"],
+        nbytes=nbytes,
+        array=array,
+    )
+
+
+def _check_binary_size(dt: DataType, elements: int, size: int, label: str) -> None:
+    if dt.itemsize is not None:
+        expected = elements * dt.itemsize
+        if size != expected:
+            raise _fail(
+                f"unexpected total byte size {size} for {label}, expecting {expected}"
+                f" ({elements} {dt.name} elements)"
+            )
+    elif size < 4 * elements:
+        raise _fail(
+            f"unexpected total byte size {size} for {label}: {elements} BYTES elements"
+            f" need at least {4 * elements} bytes for their length prefixes"
+        )
+    elif elements == 0 and size != 0:
+        raise _fail(f"unexpected total byte size {size} for {label}, expecting 0 (no elements)")
+
+
+def _requested_outputs(obj: dict[str, Any], limits: Limits) -> tuple[RequestedOutput, ...] | None:
+    outputs = obj.get("outputs")
+    if outputs is None:
+        return None
+    if not isinstance(outputs, list):
+        raise _fail("Unable to parse 'outputs': expected an array")
+    if len(outputs) > limits.max_tensors:
+        raise _fail(
+            f"{len(outputs)} requested outputs exceed the limit of {limits.max_tensors}", 413
+        )
+    result = []
+    seen: set[str] = set()
+    for i, out in enumerate(outputs):
+        if not isinstance(out, dict) or not isinstance(out.get("name"), str):
+            raise _fail(f"Unable to parse 'name' of requested output {i}")
+        name = out["name"]
+        if name in seen:
+            raise _fail(f"duplicate requested output name '{name}'")
+        seen.add(name)
+        params = _parameters(out, f"requested output '{name}'")
+        binary = params.get("binary_data")
+        if binary is not None and not isinstance(binary, bool):
+            raise _fail(
+                f"Unable to parse 'binary_data' of requested output '{name}': expected a bool"
+            )
+        rest = {k: v for k, v in params.items() if k != "binary_data"}
+        result.append(RequestedOutput(name, binary, rest or None))
+    return tuple(result)
+
+
+def build_header(obj: Any, kind: Kind, limits: Limits, header_length: int) -> InferenceHeader:
+    """Validate a decoded JSON header and describe it."""
+    if not isinstance(obj, dict):
+        raise _fail(f"the inference {kind} header is not a JSON object")
+    role = "input" if kind == "request" else "output"
+    tensors_json = obj.get(f"{role}s")
+    if not isinstance(tensors_json, list):
+        raise _fail(f"Unable to parse '{role}s': expected an array")
+    if len(tensors_json) > limits.max_tensors:
+        raise _fail(f"{len(tensors_json)} {role}s exceed the limit of {limits.max_tensors}", 413)
+    params = _parameters(obj, f"the {kind}")
+    bdo = params.get("binary_data_output")
+    if bdo is not None and not isinstance(bdo, bool):
+        raise _fail("Unable to parse 'binary_data_output': expected a bool")
+    seen: set[str] = set()
+    tensors = tuple(_tensor(t, i, role, limits, seen) for i, t in enumerate(tensors_json))
+    return InferenceHeader(
+        kind=kind,
+        id=_optional_str(obj, "id"),
+        model_name=_optional_str(obj, "model_name"),
+        model_version=_optional_str(obj, "model_version"),
+        parameters=params,
+        tensors=tensors,
+        requested_outputs=_requested_outputs(obj, limits) if kind == "request" else None,
+        raw=obj,
+        header_length=header_length,
+    )

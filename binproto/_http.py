@@ -1,0 +1,71 @@
+"""Reading the extension's HTTP headers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from ._errors import RemoteProtocolError
+
+__all__ = ["HEADER_LENGTH_NAME", "Headers", "header_length_from", "header_value"]
+
+HEADER_LENGTH_NAME = "Inference-Header-Content-Length"
+
+# Longer than any body anyone will send: 2**53, also exact in a JSON number.
+_ABSURD = 2**53
+
+#: Any header collection: a mapping, or an iterable of (name, value) pairs.
+Headers = (
+    Mapping[str, str]
+    | Mapping[bytes, bytes]
+    | Iterable[tuple[str, str]]
+    | Iterable[tuple[bytes, bytes]]
+)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode("latin-1") if isinstance(value, bytes) else value
+
+
+def header_value(headers: Headers, name: str) -> str | None:
+    """The value of header ``name`` (case-insensitive), or None when absent.
+
+    Repeated headers with different values are an error (status hint 400).
+    """
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    wanted = name.lower()
+    found: str | None = None
+    for key, value in items:
+        if _text(key).lower() != wanted:
+            continue
+        text = _text(value).strip()
+        if found is not None and found != text:
+            raise RemoteProtocolError(f"conflicting {name} headers: {found!r} and {text!r}")
+        found = text
+    return found
+
+
+def header_length_from(headers: Headers, *, content_length: int | None = None) -> int | None:
+    """Read Inference-Header-Content-Length from any header mapping or list of pairs.
+
+    Names match case-insensitively; names and values may be ``str`` or ``bytes``.
+    Returns None when the header is absent (the body is plain JSON). Raises
+    :class:`RemoteProtocolError` for a value that is not a decimal integer, is
+    negative, is absurdly large, or exceeds ``content_length`` when given.
+    """
+    text = header_value(headers, HEADER_LENGTH_NAME)
+    if text is None:
+        return None
+    digits = text[1:] if text[:1] in "+-" else text
+    if not digits.isascii() or not digits.isdigit():
+        raise RemoteProtocolError(f"Unable to parse {HEADER_LENGTH_NAME}, got: {text}")
+    if len(digits) > 20 or int(text) >= _ABSURD:
+        raise RemoteProtocolError(
+            f"{HEADER_LENGTH_NAME} is absurdly large, got: {text}", status_hint=413
+        )
+    value = int(text)
+    if value < 0 or (content_length is not None and value > content_length):
+        bound = "Content-Length" if content_length is None else str(content_length)
+        raise RemoteProtocolError(
+            f"inference header size should be in range (0, {bound}), got: {text}"
+        )
+    return value

@@ -1,0 +1,141 @@
+"""JSON header decoding (strict UTF-8, bounded depth) and JSON tensor data."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from typing import Any
+
+import numpy as np
+
+from ._datatypes import DataType
+from ._errors import RemoteProtocolError
+
+__all__ = ["json_data_to_array", "loads_header"]
+
+# A JSON string token, unrolled so long strings do not backtrack.
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+
+
+def _max_depth(raw: bytes) -> int:
+    """Deepest nesting of arrays and objects in ``raw`` (strings ignored)."""
+    if raw.count(b"[") + raw.count(b"{") <= 1:
+        return raw.count(b"[") + raw.count(b"{")
+    bare = _STRING.sub(b'""', raw)
+    codes = np.frombuffer(bare, dtype=np.uint8)
+    where = np.flatnonzero((codes == 0x5B) | (codes == 0x7B) | (codes == 0x5D) | (codes == 0x7D))
+    if where.size == 0:
+        return 0
+    picked = codes[where]
+    steps = np.where((picked == 0x5B) | (picked == 0x7B), 1, -1).astype(np.int64)
+    return int(np.cumsum(steps).max())
+
+
+def loads_header(raw: bytes, *, max_depth: int) -> Any:
+    """Decode the JSON header ``raw`` (exactly the header's bytes).
+
+    Accepts what real peers send: ``NaN``/``Infinity`` tokens. Rejects invalid
+    UTF-8, a byte-order mark, trailing bytes, and nesting deeper than ``max_depth``.
+    """
+    # Count openers cheaply first: only a header with many brackets needs a scan.
+    if raw.count(b"[") + raw.count(b"{") > max_depth:
+        depth = _max_depth(raw)
+        if depth > max_depth:
+            raise RemoteProtocolError(
+                f"JSON nesting is {depth} deep, deeper than the limit of {max_depth}",
+                offset=0,
+            )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RemoteProtocolError(
+            f"failed to parse the request JSON buffer: invalid UTF-8 ({exc.reason})",
+            offset=exc.start,
+        ) from None
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise RemoteProtocolError(
+            f"JSON nesting is deeper than the limit of {max_depth}", offset=0
+        ) from None
+    except json.JSONDecodeError as exc:
+        offset = len(text[: exc.pos].encode("utf-8"))
+        raise RemoteProtocolError(
+            f"failed to parse the request JSON buffer: {exc.msg}", offset=offset
+        ) from None
+
+
+def _flatten(data: Any, shape: tuple[int, ...], name: str, elements: int) -> list[Any]:
+    """Row-major elements of ``data``, given nested exactly as ``shape`` or flat."""
+    if not isinstance(data, list):
+        raise RemoteProtocolError(f"Unable to parse 'data' for {name}: expected an array")
+    if not data or not isinstance(data[0], list):
+        flat = data
+    else:
+        if len(shape) < 2 or len(data) != shape[0]:
+            raise _bad_nesting(name, shape)
+        flat = data
+        for dim in shape[1:]:
+            if not all(isinstance(x, list) and len(x) == dim for x in flat):
+                raise _bad_nesting(name, shape)
+            flat = list(itertools.chain.from_iterable(flat))
+    if len(flat) != elements:
+        raise RemoteProtocolError(
+            f"unexpected number of elements in 'data' for {name}: shape"
+            f" {list(shape)} holds {elements}, got {len(flat)}"
+        )
+    return flat
+
+
+def _bad_nesting(name: str, shape: tuple[int, ...]) -> RemoteProtocolError:
+    return RemoteProtocolError(
+        f"unexpected shape of 'data' for {name}: neither flat nor nested as {list(shape)}"
+    )
+
+
+def _bad_value(name: str, datatype: str) -> RemoteProtocolError:
+    return RemoteProtocolError(
+        f"unable to parse 'data' for {name}: a value does not fit datatype {datatype}"
+    )
+
+
+def json_data_to_array(
+    data: Any, dt: DataType, shape: tuple[int, ...], name: str, elements: int
+) -> np.ndarray[Any, Any]:
+    """Convert a tensor's JSON ``data`` to an array of its dtype and shape.
+
+    Integers must be JSON integers within the type's range; floats accept any
+    JSON number (and NaN/Infinity); BOOL accepts only ``true``/``false``; BYTES
+    accepts strings, which become their UTF-8 bytes.
+    """
+    flat = _flatten(data, shape, name, elements)
+    kinds = set(map(type, flat))
+    dtype = dt.dtype
+    if dt.name == "BYTES":
+        if not kinds <= {str}:
+            raise _bad_value(name, dt.name)
+        out = np.empty(len(flat), dtype=object)
+        out[:] = [s.encode("utf-8", "surrogatepass") for s in flat]
+        return out.reshape(shape)
+    if dt.name == "BOOL":
+        if not kinds <= {bool}:
+            raise _bad_value(name, dt.name)
+        return np.array(flat, dtype=np.bool_).reshape(shape)
+    if dtype.kind in "iu":
+        if not kinds <= {int}:
+            raise _bad_value(name, dt.name)
+        if flat:
+            info = np.iinfo(dtype)
+            if min(flat) < info.min or max(flat) > info.max:
+                raise _bad_value(name, dt.name)
+        return np.array(flat, dtype=dtype).reshape(shape)
+    # Floating point (FP16/FP32/FP64/BF16): any JSON number.
+    if not kinds <= {int, float}:
+        raise _bad_value(name, dt.name)
+    try:
+        values = np.array(flat, dtype=np.float64)
+    except OverflowError:  # an integer beyond float64
+        raise _bad_value(name, dt.name) from None
+    with np.errstate(over="ignore"):
+        return values.astype(dtype).reshape(shape)

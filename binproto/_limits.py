@@ -1,0 +1,57 @@
+"""Configurable bounds on what a peer may make binproto hold or process."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Limits"]
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Limits:
+    """Bounds checked against claims (header lengths, ``binary_data_size``,
+    ``Content-Length``) and against buffered bytes, before any work is done, so
+    the outcome never depends on how a body is chunked.
+
+    A body over a size limit is answered with status hint 413; a count or depth
+    over its limit with 400.
+
+    Attributes:
+        max_header_bytes: largest JSON header (Triton's default HTTP input
+            limit): the only part of a body binproto buffers.
+        max_tensors: most tensors (inputs or outputs) in one message, and most
+            requested outputs.
+        max_tensor_bytes: largest ``binary_data_size`` of a single tensor.
+        max_body_bytes: largest (decoded) body.
+        max_json_depth: deepest nesting of JSON arrays and objects in the header.
+        max_decompressed_bytes: most bytes a compressed body may expand to.
+        max_decompression_ratio: most decompressed bytes per compressed byte
+            (checked once more than 1 MiB has been decompressed).
+    """
+
+    max_header_bytes: int = 64 * MiB
+    max_tensors: int = 4096
+    max_tensor_bytes: int = 32 * GiB
+    max_body_bytes: int = 64 * GiB
+    max_json_depth: int = 100
+    max_decompressed_bytes: int = 4 * GiB
+    max_decompression_ratio: float = 200.0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_header_bytes",
+            "max_tensors",
+            "max_tensor_bytes",
+            "max_body_bytes",
+            "max_json_depth",
+            "max_decompressed_bytes",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"Limits.{name} must be a non-negative integer, got {value!r}")
+        if not self.max_decompression_ratio > 0:
+            raise ValueError("Limits.max_decompression_ratio must be positive")

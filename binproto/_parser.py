@@ -1,0 +1,431 @@
+"""The Sans-IO body parser.
+
+Theory of operation
+-------------------
+A body of the binary tensor data extension is a JSON header of
+``header_length`` bytes followed by the binary tensors the header announces,
+back to back, in header order. The parser is a small state machine:
+
+    HEADER ──HeaderParsed──▶ TENSORS ──(last TensorComplete)──▶ END ──MessageComplete──▶ DONE
+       │                        │                                │
+       └────────────── any RemoteProtocolError ─────────────────┴──▶ ERROR (a sink)
+
+``receive_data()`` only buffers: header bytes are copied into the one buffer
+the parser owns (bounded by ``Limits.max_header_bytes``); every other byte stays
+in the caller's buffer, held as a ``memoryview``. ``next_event()`` runs the
+reader of the current state (``_READERS``), which returns one event, returns
+``NEED_DATA``, or raises. Each call does a bounded amount of work and changes
+state only as far as the event it returns, so events come out one at a time
+however the body was chunked.
+
+Claims are checked before the bytes they describe are waited for: the header
+length against the limits and ``content_length``; each ``binary_data_size``
+against its shape and the limits; the sum of all of them against
+``content_length``. Nothing is allocated from a claimed size. The only
+per-byte work is on bytes that must be checked (BOOL values, BYTES prefixes),
+done by numpy or by skipping whole elements.
+
+The end of the body is known when ``content_length`` bytes have been parsed, or
+when ``receive_data(b"")`` is called. A body that ends early is an error that
+says how many bytes were missing; a byte after the end is an error too.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn
+
+import numpy as np
+
+from ._bytes import BytesFramer
+from ._errors import LocalProtocolError, RemoteProtocolError
+from ._events import (
+    NEED_DATA,
+    Event,
+    HeaderParsed,
+    MessageComplete,
+    NeedData,
+    TensorChunk,
+    TensorComplete,
+    _fast_factory,
+)
+from ._header import InferenceHeader, Kind, TensorInfo, build_header
+from ._json import loads_header
+from ._limits import Limits
+
+__all__ = ["Parser", "ParserState", "as_byte_view"]
+
+_make_chunk: Callable[[int, str, int, memoryview], TensorChunk] = _fast_factory(TensorChunk)  # type: ignore[assignment]
+
+
+class ParserState(enum.Enum):
+    """Where the parser is in the body."""
+
+    HEADER = "HEADER"  #: reading the JSON header
+    TENSORS = "TENSORS"  #: emitting the tensors the header announced
+    END = "END"  #: every tensor is complete; waiting for the end of the body
+    DONE = "DONE"  #: MessageComplete was returned
+    ERROR = "ERROR"  #: a protocol error was raised; every later call raises
+
+
+def as_byte_view(data: Any) -> memoryview:
+    """A flat unsigned-byte view of any C-contiguous buffer, without copying."""
+    try:
+        mv = memoryview(data)
+    except TypeError:
+        raise LocalProtocolError(
+            f"expected a bytes-like object, got {type(data).__name__}"
+        ) from None
+    if mv.format != "B" or mv.ndim != 1:
+        if not mv.c_contiguous:
+            raise LocalProtocolError("buffers passed to binproto must be C-contiguous")
+        mv = mv.cast("B")
+    return mv
+
+
+def _check_count(name: str, value: int | None) -> None:
+    if value is not None and (type(value) is not int or value < 0):
+        raise LocalProtocolError(f"{name} must be None or a non-negative int, got {value!r}")
+
+
+class Parser:
+    """Parse one request or response body, in any chunking, into events.
+
+    Args:
+        kind: ``"request"`` or ``"response"``: which JSON object to expect.
+        header_length: the Inference-Header-Content-Length (see
+            :func:`header_length_from`); None when the body is plain JSON.
+        content_length: the body's total length when known; enables the early
+            check of the header's claims against it, and ends the body without
+            ``receive_data(b"")``.
+        limits: bounds on what the peer may make the parser hold or process.
+        strict_bool: reject BOOL tensor bytes other than 0 and 1.
+    """
+
+    def __init__(
+        self,
+        kind: Kind,
+        *,
+        header_length: int | None = None,
+        content_length: int | None = None,
+        limits: Limits | None = None,
+        strict_bool: bool = True,
+    ) -> None:
+        if kind not in ("request", "response"):
+            raise LocalProtocolError(f"kind must be 'request' or 'response', got {kind!r}")
+        _check_count("header_length", header_length)
+        _check_count("content_length", content_length)
+        self.kind: Kind = kind
+        self.header_length = header_length
+        self.content_length = content_length
+        self.limits = limits if limits is not None else Limits()
+        self.strict_bool = strict_bool
+
+        self._state = ParserState.HEADER
+        self._chunks: deque[memoryview] = deque()
+        self._ended = False
+        self._received = 0  # body bytes handed to receive_data
+        self._pos = 0  # body offset of the next byte to parse
+        self._error: BaseException | None = None
+
+        self._header_buf = bytearray()
+        # The header ends at header_length, else (plain JSON) at content_length,
+        # else at the end of the body.
+        self._header_target = header_length if header_length is not None else content_length
+        self._header: InferenceHeader | None = None
+
+        self._tensors: tuple[TensorInfo, ...] = ()
+        self._checks: list[Callable[[memoryview, int], None] | None] = []
+        self._framers: list[BytesFramer | None] = []
+        self._ti = 0  # index of the current tensor
+        self._toff = 0  # bytes of the current tensor already emitted
+
+    # -- public state -----------------------------------------------------------
+
+    @property
+    def state(self) -> ParserState:
+        """The parser's current state."""
+        return self._state
+
+    @property
+    def header(self) -> InferenceHeader | None:
+        """The parsed header, once HeaderParsed has been returned."""
+        return self._header
+
+    @property
+    def bytes_parsed(self) -> int:
+        """Body bytes parsed so far (the offset of the next byte)."""
+        return self._pos
+
+    # -- input ------------------------------------------------------------------
+
+    def receive_data(self, data: Any) -> None:
+        """Add bytes of the body; ``b""`` marks the end of the body.
+
+        Accepts any bytes-like object. Tensor bytes are not copied: events hand
+        out views of ``data``, valid until the next call. Raises
+        :class:`LocalProtocolError` after the end of the body or an error, and
+        :class:`RemoteProtocolError` for bytes after a complete message.
+        """
+        if self._state is ParserState.ERROR:
+            raise LocalProtocolError("cannot receive data: the parser is in the ERROR state")
+        if self._ended:
+            raise LocalProtocolError("cannot receive data after the end of the body")
+        mv = as_byte_view(data)
+        if not len(mv):
+            self._ended = True
+            return
+        if self._state is ParserState.DONE:
+            self._fail(
+                RemoteProtocolError(
+                    "unexpected additional data after the end of the message",
+                    offset=self._pos,
+                )
+            )
+        self._received += len(mv)
+        if self._state is ParserState.HEADER and not self._chunks:
+            mv = self._buffer_header(mv)
+            if not len(mv):
+                return
+        self._chunks.append(mv)
+
+    def _buffer_header(self, mv: memoryview) -> memoryview:
+        """Copy header bytes of ``mv`` into the header buffer; return the rest."""
+        target = self._header_target
+        room = (target if target is not None else self.limits.max_header_bytes + 1) - len(
+            self._header_buf
+        )
+        if room <= 0:
+            return mv
+        self._header_buf += mv[:room]
+        return mv[room:]
+
+    # -- output -----------------------------------------------------------------
+
+    def next_event(self) -> Event | NeedData:
+        """Return the next event, or :data:`NEED_DATA` if more bytes are needed."""
+        state = self._state
+        if state is ParserState.TENSORS:
+            try:
+                return self._read_tensors()
+            except RemoteProtocolError as exc:
+                self._fail(exc)
+        if state is ParserState.ERROR:
+            raise LocalProtocolError(
+                "no more events: the parser is in the ERROR state"
+            ) from self._error
+        if state is ParserState.DONE:
+            raise LocalProtocolError("no more events: the message is complete")
+        try:
+            if state is ParserState.HEADER:
+                return self._read_header()
+            return self._read_end()
+        except RemoteProtocolError as exc:
+            self._fail(exc)
+
+    def events(self) -> Iterator[Event]:
+        """Yield events until NEED_DATA, or until MessageComplete."""
+        while True:
+            event = self.next_event()
+            if event is NEED_DATA:
+                return
+            yield event
+            if type(event) is MessageComplete:
+                return
+
+    def _fail(self, exc: RemoteProtocolError) -> NoReturn:
+        self._state = ParserState.ERROR
+        self._error = exc
+        self._chunks.clear()
+        raise exc
+
+    # -- readers ----------------------------------------------------------------
+
+    def _check_claims(self) -> None:
+        """Check header_length and content_length before reading anything."""
+        limits = self.limits
+        hl = self.header_length
+        cl = self.content_length
+        if cl is not None and cl > limits.max_body_bytes:
+            raise RemoteProtocolError(
+                f"Content-Length {cl} exceeds the limit of {limits.max_body_bytes} bytes",
+                status_hint=413,
+                offset=0,
+            )
+        if hl == 0:
+            raise RemoteProtocolError(
+                "raw binary requests (Inference-Header-Content-Length: 0) are not accepted here",
+                offset=0,
+            )
+        if hl is not None and cl is not None and hl > cl:
+            raise RemoteProtocolError(
+                f"inference header size should be in range (0, {cl}), got: {hl}", offset=0
+            )
+        target = self._header_target
+        if target is not None and target > limits.max_header_bytes:
+            raise RemoteProtocolError(
+                f"inference header size {target} exceeds the limit of"
+                f" {limits.max_header_bytes} bytes",
+                status_hint=413,
+                offset=0,
+            )
+
+    def _read_header(self) -> HeaderParsed | NeedData:
+        self._check_claims()
+        target = self._header_target
+        buf = self._header_buf
+        limit = self.limits.max_header_bytes
+        # Move bytes that arrived while earlier chunks were queued.
+        while self._chunks and (target is None or len(buf) < target) and len(buf) <= limit:
+            rest = self._buffer_header(self._chunks.popleft())
+            if len(rest):
+                self._chunks.appendleft(rest)
+        if len(buf) > limit:  # only reachable when the header's end is not known
+            raise RemoteProtocolError(
+                f"the JSON body exceeds the header limit of {limit} bytes",
+                status_hint=413,
+                offset=limit,
+            )
+        if target is None:
+            if not self._ended:
+                return NEED_DATA
+        elif len(buf) < target:
+            if self._ended:
+                raise RemoteProtocolError(
+                    f"unexpected end of body in the inference header: expecting"
+                    f" {target - len(buf)} additional bytes (received {len(buf)} of {target})",
+                    offset=len(buf),
+                )
+            return NEED_DATA
+        raw = bytes(buf)
+        self._header_buf = bytearray()
+        obj = loads_header(raw, max_depth=self.limits.max_json_depth)
+        header = build_header(obj, self.kind, self.limits, len(raw))
+        self._plan(header)
+        self._pos = len(raw)
+        self._header = header
+        self._state = ParserState.TENSORS
+        return HeaderParsed(header=header)
+
+    def _plan(self, header: InferenceHeader) -> None:
+        """Set up per-tensor checks, and check the sizes claimed against the body."""
+        start = header.header_length
+        total = start + header.binary_size
+        if total > self.limits.max_body_bytes:
+            raise RemoteProtocolError(
+                f"the body would be {total} bytes, over the limit of"
+                f" {self.limits.max_body_bytes} bytes",
+                status_hint=413,
+                offset=start,
+            )
+        if self.header_length is None and header.binary_size:
+            raise RemoteProtocolError(
+                "must specify valid 'Inference-Header-Content-Length' in request header"
+                " and 'binary_data_size' when passing inputs in binary data format",
+                offset=start,
+            )
+        cl = self.content_length
+        if cl is not None and total != cl:
+            if total > cl:
+                msg = (
+                    f"the header announces {header.binary_size} bytes of binary data,"
+                    f" more than the {cl - start} left in the body (Content-Length {cl})"
+                )
+            else:
+                msg = (
+                    f"unexpected additional input data: the body has {cl - total} bytes"
+                    f" beyond the {header.binary_size} bytes of binary data announced"
+                )
+            raise RemoteProtocolError(msg, offset=start)
+        role = "input" if self.kind == "request" else "output"
+        checks: list[Callable[[memoryview, int], None] | None] = []
+        framers: list[BytesFramer | None] = []
+        offset = start
+        for t in header.tensors:
+            check: Callable[[memoryview, int], None] | None = None
+            framer = None
+            if t.binary_size is not None:
+                if t.datatype == "BYTES":
+                    framer = BytesFramer(f"{role} '{t.name}'", t.elements, t.binary_size, offset)
+                    check = framer.feed
+                elif t.datatype == "BOOL" and self.strict_bool:
+                    check = _bool_checker(f"{role} '{t.name}'", offset)
+                offset += t.binary_size
+            checks.append(check)
+            framers.append(framer)
+        self._tensors = header.tensors
+        self._checks = checks
+        self._framers = framers
+
+    def _read_tensors(self) -> Event | NeedData:
+        ti = self._ti
+        tensors = self._tensors
+        if ti == len(tensors):
+            self._state = ParserState.END
+            return self._read_end()
+        info = tensors[ti]
+        size = info.binary_size
+        if size is None or self._toff == size:
+            framer = self._framers[ti]
+            if framer is not None:
+                framer.finish()
+            self._ti = ti + 1
+            self._toff = 0
+            return TensorComplete(index=ti, name=info.name, info=info)
+        chunks = self._chunks
+        if not chunks:
+            if self._ended:
+                raise self._short_body(info, size - self._toff)
+            return NEED_DATA
+        mv = chunks[0]
+        need = size - self._toff
+        if len(mv) <= need:
+            chunks.popleft()
+            piece = mv
+        else:
+            piece = mv[:need]
+            chunks[0] = mv[need:]
+        offset = self._toff
+        check = self._checks[ti]
+        if check is not None:
+            check(piece, offset)
+        self._toff = offset + len(piece)
+        self._pos += len(piece)
+        return _make_chunk(ti, info.name, offset, piece)
+
+    def _short_body(self, info: TensorInfo, need: int) -> RemoteProtocolError:
+        header = self._header
+        assert header is not None
+        role = "input" if self.kind == "request" else "output"
+        model = f" for model '{header.model_name}'" if header.model_name else ""
+        total = header.header_length + header.binary_size
+        return RemoteProtocolError(
+            f"unexpected size for {role} '{info.name}', expecting {need} additional"
+            f" bytes{model} (received {self._pos} of {total} body bytes)",
+            offset=self._pos,
+        )
+
+    def _read_end(self) -> MessageComplete | NeedData:
+        if self._chunks:
+            raise RemoteProtocolError(
+                "unexpected additional input data after the last tensor", offset=self._pos
+            )
+        if self._ended or self._pos == self.content_length:
+            self._state = ParserState.DONE
+            return MessageComplete()
+        return NEED_DATA
+
+
+def _bool_checker(label: str, base: int) -> Callable[[memoryview, int], None]:
+    def check(data: memoryview, offset: int) -> None:
+        values = np.frombuffer(data, dtype=np.uint8)
+        if values.size and values.max() > 1:
+            bad = int(np.argmax(values > 1))
+            raise RemoteProtocolError(
+                f"invalid BOOL value {int(values[bad])} for {label}: expecting 0 or 1",
+                offset=base + offset + bad,
+            )
+
+    return check
