@@ -19,7 +19,7 @@ from ._events import (
     TensorChunk,
     TensorComplete,
 )
-from ._header import InferenceHeader, RequestedOutput, TensorInfo
+from ._header import InferenceHeader, Kind, RequestedOutput, TensorInfo
 from ._http import HEADER_LENGTH_NAME, header_length_from
 from ._limits import Limits
 from ._parser import Parser, ParserState
@@ -36,6 +36,7 @@ __all__ = [
     "Event",
     "HeaderParsed",
     "InferenceHeader",
+    "Kind",
     "Limits",
     "LocalProtocolError",
     "MessageComplete",

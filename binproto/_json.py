@@ -69,7 +69,7 @@ def loads_header(raw: bytes, *, max_depth: int) -> Any:
 def _flatten(data: Any, shape: tuple[int, ...], name: str, elements: int) -> list[Any]:
     """Row-major elements of ``data``, given nested exactly as ``shape`` or flat."""
     if not isinstance(data, list):
-        raise RemoteProtocolError(f"Unable to parse 'data' for {name}: expected an array")
+        raise RemoteProtocolError(f"Unable to parse 'data' for {name}: expected an array", offset=0)
     if not data or not isinstance(data[0], list):
         flat = data
     else:
@@ -83,20 +83,23 @@ def _flatten(data: Any, shape: tuple[int, ...], name: str, elements: int) -> lis
     if len(flat) != elements:
         raise RemoteProtocolError(
             f"unexpected number of elements in 'data' for {name}: shape"
-            f" {list(shape)} holds {elements}, got {len(flat)}"
+            f" {list(shape)} holds {elements}, got {len(flat)}",
+            offset=0,
         )
     return flat
 
 
 def _bad_nesting(name: str, shape: tuple[int, ...]) -> RemoteProtocolError:
     return RemoteProtocolError(
-        f"unexpected shape of 'data' for {name}: neither flat nor nested as {list(shape)}"
+        f"unexpected shape of 'data' for {name}: neither flat nor nested as {list(shape)}",
+        offset=0,
     )
 
 
 def _bad_value(name: str, datatype: str) -> RemoteProtocolError:
     return RemoteProtocolError(
-        f"unable to parse 'data' for {name}: a value does not fit datatype {datatype}"
+        f"unable to parse 'data' for {name}: a value does not fit datatype {datatype}",
+        offset=0,
     )
 
 

@@ -1,0 +1,114 @@
+"""TensorAssembler: one copy per byte, into its own memory or the caller's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import binproto
+from binproto import LocalProtocolError, Parser, TensorAssembler
+
+from .helpers import arrays_equal, bytes_tensor, chunkings, make_body
+
+
+def _body() -> tuple[bytes, int, dict[str, np.ndarray[Any, Any]]]:
+    f = np.linspace(-1, 1, 24, dtype="<f4").reshape(2, 3, 4)
+    b = np.array([True, False, True])
+    s = [b"x", b"", b"\xff" * 7]
+    raw_s = bytes_tensor(s)
+    header = {"outputs": [
+        {"name": "f", "shape": [2, 3, 4], "datatype": "FP32",
+         "parameters": {"binary_data_size": f.nbytes}},
+        {"name": "j", "shape": [2], "datatype": "INT64", "data": [5, 6]},
+        {"name": "b", "shape": [3], "datatype": "BOOL", "parameters": {"binary_data_size": 3}},
+        {"name": "s", "shape": [3], "datatype": "BYTES",
+         "parameters": {"binary_data_size": len(raw_s)}},
+        {"name": "z", "shape": [0], "datatype": "FP64", "parameters": {"binary_data_size": 0}},
+    ]}  # fmt: skip
+    body, hl = make_body(header, f.tobytes(), b.tobytes(), raw_s)
+    expected = {
+        "f": f,
+        "j": np.array([5, 6], dtype="<i8"),
+        "b": b,
+        "s": np.array(s, dtype=object),
+        "z": np.zeros(0),
+    }
+    return body, hl, expected
+
+
+def _assemble(body: bytes, hl: int, chunks: list[Any], asm: TensorAssembler) -> None:
+    p = Parser("response", header_length=hl, content_length=len(body))
+    for c in chunks:
+        p.receive_data(c)
+        for ev in p.events():
+            asm.feed(ev)
+    assert p.state is binproto.ParserState.DONE
+
+
+def test_assembles_every_chunking_to_the_decoded_arrays() -> None:
+    body, hl, expected = _body()
+    decoded = binproto.decode_response(body, header_length=hl).tensors
+    for chunks in chunkings(body, two_way_limit=0):
+        asm = TensorAssembler()
+        _assemble(body, hl, chunks, asm)
+        assert set(asm.tensors) == set(expected)
+        for name, arr in expected.items():
+            assert arrays_equal(asm.tensors[name], arr), name
+            assert arrays_equal(asm.tensors[name], decoded[name]), name
+            assert asm.tensors[name].dtype == decoded[name].dtype
+
+
+def test_arrays_own_their_memory_not_the_chunks() -> None:
+    body, hl, _ = _body()
+    buf = bytearray(body)
+    asm = TensorAssembler()
+    _assemble(body, hl, [buf], asm)
+    f = asm.tensors["f"]
+    assert f.flags.writeable
+    buf[hl : hl + 4] = b"\0\0\0\0"  # the caller reuses its buffer
+    assert f.ravel()[0] == np.float32(-1)
+
+
+def test_into_caller_destinations() -> None:
+    body, hl, expected = _body()
+    dest = np.empty((2, 3, 4), dtype=np.float32)
+    asm = TensorAssembler({"f": dest})
+    _assemble(body, hl, [body[:100], body[100:]], asm)
+    assert asm.tensors["f"] is dest
+    np.testing.assert_array_equal(dest, expected["f"])
+
+    seen: list[str] = []
+
+    def choose(info: binproto.TensorInfo) -> np.ndarray[Any, Any] | None:
+        seen.append(info.name)
+        return np.empty(info.binary_size or 0, dtype=np.uint8) if info.name == "b" else None
+
+    asm = TensorAssembler(choose)
+    _assemble(body, hl, [body], asm)
+    assert asm.tensors["b"].tobytes() == b"\x01\x00\x01"
+    assert asm.tensors["f"].dtype == np.float32  # None: the assembler allocated
+    assert "s" not in seen  # BYTES always uses the assembler's memory
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        np.empty(5, dtype=np.float32),  # wrong size
+        np.empty((4, 6), dtype=np.float32)[:, ::2],  # not contiguous
+        np.empty(24, dtype=np.float32).copy(),  # fine size but made read-only below
+    ],
+)
+def test_bad_destinations_are_local_errors(bad: np.ndarray[Any, Any]) -> None:
+    body, hl, _ = _body()
+    if bad.size == 24 and bad.flags.c_contiguous:
+        bad.flags.writeable = False
+    with pytest.raises(LocalProtocolError):
+        _assemble(body, hl, [body], TensorAssembler({"f": bad}))
+
+
+def test_chunk_before_header_is_local_error() -> None:
+    ev = binproto.TensorChunk(index=0, name="x", offset=0, data=memoryview(b"a"))
+    with pytest.raises(LocalProtocolError):
+        TensorAssembler().feed(ev)
