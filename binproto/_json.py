@@ -64,6 +64,10 @@ def loads_header(raw: bytes, *, max_depth: int) -> Any:
         raise RemoteProtocolError(
             f"failed to parse the request JSON buffer: {exc.msg}", offset=offset
         ) from None
+    except ValueError as exc:  # e.g. an integer literal over Python's digit limit
+        raise RemoteProtocolError(
+            f"failed to parse the request JSON buffer: {exc}", offset=0
+        ) from None
 
 
 def _flatten(data: Any, shape: tuple[int, ...], name: str, elements: int) -> list[Any]:

@@ -348,8 +348,17 @@ def _fault(header: Any, tensors: bytes = b"", *, hl: Any = "json", cl: Any = Non
     return body, (len(js) if hl == "json" else hl), (len(body) if cl == "body" else cl)
 
 
+def _truncated() -> Any:
+    body, hl, cl = _fault(_one(), b"\0" * 8, cl="body")
+    return body[:-3], hl, cl
+
+
 FAULTS = {
     "json invalid": (_fault(b'{"inputs": [}'), "failed to parse the request JSON", 400, 12),
+    "json integer over the digit limit": (
+        _fault(b'{"inputs": [], "id": ' + b"9" * 5000 + b"}"), "digits", 400, 0),
+    "truncated with content length": (
+        _truncated(), "expecting 3 additional bytes", 400, "end"),
     "json not an object": (_fault(b"[1, 2]"), "not a JSON object", 400, 0),
     "invalid utf-8": (_fault(b'{"inputs": [], "id": "\xff"}'), "invalid UTF-8", 400, 22),
     "inputs missing": (_fault({"outputs": []}), "Unable to parse 'inputs'", 400, 0),
