@@ -6,9 +6,10 @@ pull events; adapters under ``binproto.adapters`` connect it to sockets.
 """
 
 from ._assemble import TensorAssembler
-from ._bytes import BytesFramer, split_bytes
+from ._bytes import BytesFramer, join_bytes, split_bytes
 from ._datatypes import DATATYPES, DataType, datatype_for_dtype, datatype_of
 from ._decode import DecodedMessage, decode_request, decode_response
+from ._encode import EncodedBody, Tensor, encode_request, encode_response
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from ._events import (
     NEED_DATA,
@@ -20,9 +21,10 @@ from ._events import (
     TensorComplete,
 )
 from ._header import InferenceHeader, Kind, RequestedOutput, TensorInfo
-from ._http import HEADER_LENGTH_NAME, header_length_from
+from ._http import HEADER_LENGTH_NAME, header_length_from, message_headers
 from ._limits import Limits
 from ._parser import Parser, ParserState
+from ._writer import BodyWriter
 
 __version__ = "0.1.0"
 
@@ -30,9 +32,11 @@ __all__ = [
     "DATATYPES",
     "HEADER_LENGTH_NAME",
     "NEED_DATA",
+    "BodyWriter",
     "BytesFramer",
     "DataType",
     "DecodedMessage",
+    "EncodedBody",
     "Event",
     "HeaderParsed",
     "InferenceHeader",
@@ -46,6 +50,7 @@ __all__ = [
     "ProtocolError",
     "RemoteProtocolError",
     "RequestedOutput",
+    "Tensor",
     "TensorAssembler",
     "TensorChunk",
     "TensorComplete",
@@ -55,6 +60,10 @@ __all__ = [
     "datatype_of",
     "decode_request",
     "decode_response",
+    "encode_request",
+    "encode_response",
     "header_length_from",
+    "join_bytes",
+    "message_headers",
     "split_bytes",
 ]

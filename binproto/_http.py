@@ -1,4 +1,4 @@
-"""Reading the extension's HTTP headers."""
+"""Reading and writing the extension's HTTP headers."""
 
 from __future__ import annotations
 
@@ -6,7 +6,13 @@ from collections.abc import Iterable, Mapping
 
 from ._errors import RemoteProtocolError
 
-__all__ = ["HEADER_LENGTH_NAME", "Headers", "header_length_from", "header_value"]
+__all__ = [
+    "HEADER_LENGTH_NAME",
+    "Headers",
+    "header_length_from",
+    "header_value",
+    "message_headers",
+]
 
 HEADER_LENGTH_NAME = "Inference-Header-Content-Length"
 
@@ -69,3 +75,21 @@ def header_length_from(headers: Headers, *, content_length: int | None = None) -
             f"inference header size should be in range (0, {bound}), got: {text}"
         )
     return value
+
+
+def message_headers(header_length: int | None, content_length: int) -> list[tuple[str, str]]:
+    """The HTTP headers that frame a body this extension's way.
+
+    ``header_length`` is the JSON header's length when binary tensors follow
+    it, None for a plain JSON body. Returns Inference-Header-Content-Length
+    (only when binary), Content-Length, and Content-Type
+    (``application/octet-stream`` with binary tensors, else ``application/json``).
+    """
+    headers: list[tuple[str, str]] = []
+    if header_length is not None:
+        headers.append((HEADER_LENGTH_NAME, str(header_length)))
+    headers.append(("Content-Length", str(content_length)))
+    kind = "application/json" if header_length is None else "application/octet-stream"
+    headers.append(("Content-Type", kind))
+    return headers
+

@@ -1,0 +1,605 @@
+"""The encoder, the parser's mirror: requests and responses as buffer lists.
+
+Theory of operation
+-------------------
+Encoding a body is two steps. First every tensor is *prepared*: its datatype
+is settled (from the numpy dtype, from a Python list's values, or from an
+explicit :class:`Tensor` override) and its data put into wire form:
+
+* a fixed-size tensor becomes a C-contiguous little-endian array — the
+  caller's own array whenever it already is one, else one copy;
+* a BYTES tensor becomes a list of ``bytes`` elements;
+* a Python list is validated by the same code the parser uses for JSON data.
+
+Then each tensor is placed either as JSON ``data`` in the header or as binary
+data after it, by the policy the caller chose (or, for a response, the one the
+request asked for). A binary fixed-size tensor contributes a ``memoryview`` of
+its array to :attr:`EncodedBody.buffers`: nothing is copied, so encoding a
+gigabyte costs what encoding a byte does. BYTES tensors are joined into one new
+buffer by :func:`join_bytes` (no per-element Python loop).
+
+Only the JSON header is built in memory; callers send ``body.buffers`` with
+``writelines`` / ``sendmsg``, or ``bytes(body)`` for small bodies.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ._bytes import join_bytes
+from ._datatypes import DATATYPES, DataType, datatype_for_dtype
+from ._errors import LocalProtocolError, RemoteProtocolError
+from ._header import InferenceHeader, RequestedOutput
+from ._http import message_headers
+from ._json import json_data_to_array
+
+__all__ = [
+    "Binary",
+    "EncodedBody",
+    "Tensor",
+    "dumps_header",
+    "encode_request",
+    "encode_response",
+]
+
+#: Which tensors travel binary: all (True), none (False), or those named.
+Binary = bool | Collection[str]
+
+# Datatypes with no JSON form any peer accepts: always sent binary.
+_ALWAYS_BINARY = frozenset({"FP16", "BF16"})
+_RESERVED = "binary_data_size"
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    """A named tensor to encode, with an optional explicit datatype.
+
+    ``array`` is a numpy array, a sequence of ``bytes``/``str`` (BYTES), or a
+    (nested) Python list of numbers or booleans (JSON data). ``datatype``
+    overrides the datatype the data implies:
+
+    * ``"BF16"`` accepts ``ml_dtypes.bfloat16`` arrays and 2-byte integer
+      arrays holding the raw bfloat16 bits (sent as they are, no copy);
+    * any other datatype accepts arrays whose dtype numpy casts to it safely
+      (e.g. ``int32`` data as ``"INT64"``: one copy), and lists whose values
+      fit it.
+
+    ``parameters`` are extra tensor parameters for the JSON header
+    (``binary_data_size`` is set by the encoder and may not be given).
+    """
+
+    name: str
+    array: Any
+    datatype: str | None = None
+    parameters: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EncodedBody:
+    """An encoded request or response body.
+
+    Attributes:
+        json: the JSON header, UTF-8 bytes.
+        buffers: ``[json, tensor buffer, ...]``: the header then one buffer per
+            binary tensor, in header order. Fixed-size tensors are
+            ``memoryview``\\ s of the caller's arrays (not copies: changing an
+            array before the body is sent changes the body).
+        header_length: the Inference-Header-Content-Length, ``len(json)``; None
+            when no tensor is binary (the body is plain JSON).
+        content_length: total body length in bytes.
+        headers: the HTTP headers framing the body, as ``(name, value)`` pairs:
+            Inference-Header-Content-Length (only when a tensor is binary),
+            Content-Length, and Content-Type.
+
+    ``bytes(body)`` joins the buffers (a copy: for small bodies and tests);
+    iterating a body yields its buffers, so ``writer.writelines(body)`` works.
+    """
+
+    json: bytes
+    buffers: list[bytes | memoryview] = field(repr=False)
+    header_length: int | None
+    content_length: int
+    headers: list[tuple[str, str]]
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.buffers)
+
+    def __iter__(self) -> Iterator[bytes | memoryview]:
+        return iter(self.buffers)
+
+
+# -- preparing tensors -----------------------------------------------------------
+
+
+@dataclass(slots=True, kw_only=True)
+class _Prepared:
+    """A tensor in wire form, before it is placed in JSON or in the body."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    parameters: dict[str, Any]
+    array: np.ndarray[Any, Any] | None = None  # fixed-size: contiguous, little-endian
+    elements: list[bytes] | None = None  # BYTES
+    json_data: list[Any] | None = None  # a Python list as given, flattened
+    from_list: bool = False  # given as a Python list of numbers (JSON data)
+
+
+def _fail(msg: str) -> LocalProtocolError:
+    return LocalProtocolError(msg)
+
+
+def _check_parameters(params: Any, where: str) -> dict[str, Any]:
+    """Parameters as the protocol allows them: string keys; string, number or
+    bool values; numbers finite (strict JSON)."""
+    if params is None:
+        return {}
+    if not isinstance(params, Mapping):
+        raise _fail(f"parameters of {where} must be a mapping, got {type(params).__name__}")
+    for key, value in params.items():
+        if not isinstance(key, str):
+            raise _fail(f"parameter names of {where} must be strings, got {key!r}")
+        if type(value) not in (str, int, float, bool):
+            raise _fail(
+                f"parameter '{key}' of {where} must be a string, number or bool,"
+                f" got {type(value).__name__}"
+            )
+        if type(value) is float and not math.isfinite(value):
+            raise _fail(f"parameter '{key}' of {where} is {value}, which JSON cannot carry")
+    return dict(params)
+
+
+def _nested(data: Sequence[Any], label: str) -> tuple[list[int], list[Any]]:
+    """Shape and row-major leaves of a rectangular nest of lists/tuples."""
+    shape: list[int] = []
+    level: list[Any] = list(data)
+    probe: Any = data
+    while isinstance(probe, (list, tuple)):
+        shape.append(len(probe))
+        if not probe:
+            break
+        probe = probe[0]
+    for depth, dim in enumerate(shape[1:], start=1):
+        if not all(isinstance(x, (list, tuple)) and len(x) == dim for x in level):
+            raise _fail(f"{label} is not rectangular: expected shape {shape} at depth {depth}")
+        level = [y for x in level for y in x]
+    if any(isinstance(x, (list, tuple)) for x in level):
+        raise _fail(f"{label} is not rectangular: expected shape {shape}")
+    return shape, level
+
+
+def _list_datatype(leaves: list[Any], label: str) -> str:
+    """The datatype a list's values imply (as numpy would pick it)."""
+    kinds = set(map(type, leaves))
+    if not kinds or kinds <= {float, int}:
+        return "FP64" if float in kinds or not kinds else "INT64"
+    if kinds == {bool}:
+        return "BOOL"
+    if all(issubclass(k, (bytes, str)) for k in kinds):
+        return "BYTES"
+    names = sorted(k.__name__ for k in kinds)
+    raise _fail(
+        f"{label}: cannot infer a datatype from values of types {names}; pass a numpy"
+        " array or a binproto.Tensor with a datatype"
+    )
+
+
+def _to_bytes(x: Any, label: str) -> bytes:
+    if isinstance(x, bytes):
+        return x
+    if isinstance(x, str):
+        try:
+            return x.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise _fail(
+                f"{label}: a string element is not encodable as UTF-8 ({exc.reason})"
+            ) from None
+    if isinstance(x, (bytearray, memoryview)):
+        return bytes(x)
+    raise _fail(f"{label}: BYTES elements must be bytes or str, got {type(x).__name__}")
+
+
+def _bytes_elements(items: list[Any], label: str) -> list[bytes]:
+    if set(map(type, items)) <= {bytes}:
+        return items  # the common case: nothing to convert
+    return [_to_bytes(x, label) for x in items]
+
+
+def _datatype(name: str, label: str) -> DataType:
+    dt = DATATYPES.get(name) if isinstance(name, str) else None
+    if dt is None:
+        raise _fail(f"{label}: unknown datatype {name!r}")
+    return dt
+
+
+def _wire_array(arr: np.ndarray[Any, Any], dt: DataType, label: str) -> np.ndarray[Any, Any]:
+    """``arr`` as a C-contiguous little-endian array of ``dt``'s element size;
+    the same array when it already is one."""
+    src = arr.dtype
+    target = dt.dtype
+    natural = datatype_for_dtype(src)
+    if dt.name == "BF16" and (natural is None or natural.name != "BF16"):
+        if src.kind not in "ui" or src.itemsize != 2:
+            raise _fail(
+                f"{label}: BF16 data must be an ml_dtypes.bfloat16 array or a 2-byte"
+                f" integer array of raw bfloat16 bits, got dtype {src}"
+            )
+        target = src.newbyteorder("<")  # raw bits: keep the integer dtype
+    elif natural is None or natural.name != dt.name:
+        if not np.can_cast(src, target, "safe"):
+            raise _fail(
+                f"{label}: cannot send dtype {src} as {dt.name} without losing"
+                " information; convert it with astype() first"
+            )
+    if src == target and arr.flags.c_contiguous:
+        return arr
+    # The one copy: a byte swap, a gather of strided data, or a safe cast.
+    return arr.astype(target, order="C")
+
+
+def _prepare(name: Any, value: Any, datatype: str | None, params: Any, role: str) -> _Prepared:
+    if not isinstance(name, str):
+        raise _fail(f"{role} names must be strings, got {name!r}")
+    label = f"{role} '{name}'"
+    parameters = _check_parameters(params, label)
+    if _RESERVED in parameters:
+        raise _fail(f"{label}: '{_RESERVED}' is set by the encoder, not by the caller")
+    prep = _Prepared(name=name, datatype="", shape=[], parameters=parameters)
+
+    if isinstance(value, (np.ndarray, np.generic)):
+        arr = np.asarray(value)
+        natural = datatype_for_dtype(arr.dtype)
+        dt = _datatype(datatype, label) if datatype is not None else natural
+        if dt is None:
+            raise _fail(f"{label}: numpy dtype {arr.dtype} has no V2 datatype")
+        prep.datatype = dt.name
+        prep.shape = list(arr.shape)
+        if dt.name == "BYTES":
+            if arr.dtype.kind not in "OSU":
+                raise _fail(f"{label}: cannot send dtype {arr.dtype} as BYTES")
+            prep.elements = _bytes_elements(arr.ravel().tolist(), label)
+        else:
+            if arr.dtype.kind in "OSU":
+                raise _fail(f"{label}: cannot send dtype {arr.dtype} as {dt.name}")
+            prep.array = _wire_array(arr, dt, label)
+        return prep
+
+    if isinstance(value, (list, tuple)):
+        shape, leaves = _nested(value, label)
+        implied = _list_datatype(leaves, label)
+        dt = _datatype(datatype, label) if datatype is not None else DATATYPES[implied]
+        prep.datatype = dt.name
+        prep.shape = shape
+        if dt.name == "BYTES":
+            if leaves and implied != "BYTES":
+                raise _fail(f"{label}: BYTES data must be a sequence of bytes/str")
+            prep.elements = _bytes_elements(leaves, label)
+            return prep
+        if implied == "BYTES":
+            raise _fail(f"{label}: a sequence of bytes/str can only be sent as BYTES")
+        try:
+            prep.array = json_data_to_array(leaves, dt, tuple(shape), label, len(leaves))
+        except RemoteProtocolError as exc:
+            raise _fail(exc.msg) from None
+        prep.json_data = leaves
+        prep.from_list = True
+        return prep
+
+    raise _fail(
+        f"{label}: expected a numpy array, a sequence of bytes/str, a list or a"
+        f" binproto.Tensor, got {type(value).__name__}"
+    )
+
+
+def _prepare_all(tensors: Any, role: str) -> list[_Prepared]:
+    if isinstance(tensors, Mapping):
+        items: list[Tensor] = []
+        for key, value in tensors.items():
+            if isinstance(value, Tensor):
+                if value.name != key:
+                    raise _fail(f"{role} '{key}' is a Tensor named '{value.name}'")
+                items.append(value)
+            else:
+                items.append(Tensor(key, value))
+    elif isinstance(tensors, (str, bytes)) or not isinstance(tensors, Sequence):
+        raise _fail(f"{role}s must be a mapping of name to data, or a sequence of Tensor")
+    else:
+        items = list(tensors)
+        for t in items:
+            if not isinstance(t, Tensor):
+                raise _fail(f"a sequence of {role}s must hold binproto.Tensor, got {t!r}")
+    prepared: list[_Prepared] = []
+    seen: set[str] = set()
+    for t in items:
+        if t.name in seen:
+            raise _fail(f"duplicate {role} name '{t.name}'")
+        seen.add(t.name)
+        prepared.append(_prepare(t.name, t.array, t.datatype, t.parameters, role))
+    return prepared
+
+
+# -- placing tensors -------------------------------------------------------------
+
+
+def _json_strings(elements: list[bytes], label: str) -> list[str]:
+    try:
+        return [e.decode("utf-8") for e in elements]
+    except UnicodeDecodeError:
+        bad = next(i for i, e in enumerate(elements) if not _is_utf8(e))
+        raise _fail(
+            f"{label}: BYTES element {bad} is not valid UTF-8, so it cannot be JSON"
+            " data; send this tensor binary"
+        ) from None
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _place(
+    prepared: list[_Prepared], binary: list[bool], role: str
+) -> tuple[list[dict[str, Any]], list[bytes | memoryview]]:
+    """The JSON objects of the tensors, and the buffers of the binary ones."""
+    objs: list[dict[str, Any]] = []
+    buffers: list[bytes | memoryview] = []
+    for p, as_binary in zip(prepared, binary, strict=True):
+        obj: dict[str, Any] = {"name": p.name, "datatype": p.datatype, "shape": p.shape}
+        params = p.parameters
+        if as_binary:
+            if p.elements is not None:
+                buf = join_bytes(p.elements).data
+            else:
+                assert p.array is not None
+                # A flat byte view of the (contiguous) array: no copy.
+                buf = p.array.reshape(-1).view(np.uint8).data
+            params = {**params, _RESERVED: buf.nbytes}
+            buffers.append(buf)
+        if params:
+            obj["parameters"] = params
+        if not as_binary:
+            if p.elements is not None:
+                obj["data"] = _json_strings(p.elements, f"{role} '{p.name}'")
+            elif p.json_data is not None:
+                obj["data"] = p.json_data
+            else:
+                assert p.array is not None
+                obj["data"] = p.array.ravel().tolist()
+        objs.append(obj)
+    return objs, buffers
+
+
+def dumps_header(obj: Any) -> bytes:
+    """Serialize a JSON header: compact UTF-8 JSON.
+
+    Strict JSON except ``NaN`` / ``Infinity`` / ``-Infinity`` for non-finite
+    float data, the tokens tritonclient emits and Triton and binproto accept.
+    """
+    try:
+        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+        return text.encode("utf-8")
+    except (TypeError, ValueError) as exc:  # unserializable value, circular object
+        raise _fail(f"the header cannot be serialized as JSON: {exc}") from None
+    except UnicodeEncodeError as exc:  # lone surrogates
+        raise _fail(f"the header holds a string that is not valid UTF-8: {exc.reason}") from None
+
+
+def _body(obj: dict[str, Any], buffers: list[bytes | memoryview]) -> EncodedBody:
+    header = dumps_header(obj)
+    binary = bool(buffers)
+    content_length = len(header) + sum(
+        b.nbytes if isinstance(b, memoryview) else len(b) for b in buffers
+    )
+    header_length = len(header) if binary else None
+    return EncodedBody(
+        json=header,
+        buffers=[header, *buffers],
+        header_length=header_length,
+        content_length=content_length,
+        headers=message_headers(header_length, content_length),
+    )
+
+
+def _binary_choice(binary: Any, prepared: list[_Prepared], role: str) -> list[bool]:
+    """Apply the caller's ``binary`` argument: True/False, or a set of names."""
+    if isinstance(binary, bool):
+        # A Python list of numbers is JSON data unless named in a set.
+        return [binary and not p.from_list for p in prepared]
+    if isinstance(binary, (str, bytes)) or not isinstance(binary, Collection):
+        raise _fail(f"binary must be True, False or a set of {role} names, got {binary!r}")
+    names = {p.name for p in prepared}
+    unknown = sorted(str(n) for n in binary if n not in names)
+    if unknown:
+        raise _fail(f"binary names {unknown} are not {role}s being encoded")
+    return [p.name in binary for p in prepared]
+
+
+def _finish_choice(prepared: list[_Prepared], choice: list[bool]) -> list[bool]:
+    """FP16/BF16 always travel binary."""
+    return [c or p.datatype in _ALWAYS_BINARY for p, c in zip(prepared, choice, strict=True)]
+
+
+def _put(obj: dict[str, Any], key: str, value: Any) -> None:
+    if value is not None:
+        if not isinstance(value, str):
+            raise _fail(f"'{key}' must be a string, got {type(value).__name__}")
+        obj[key] = value
+
+
+def _requested_output(out: Any) -> dict[str, Any]:
+    if isinstance(out, str):
+        out = RequestedOutput(out)
+    if not isinstance(out, RequestedOutput):
+        raise _fail(f"outputs must hold RequestedOutput or str, got {out!r}")
+    if not isinstance(out.name, str):
+        raise _fail(f"requested output names must be strings, got {out.name!r}")
+    where = f"requested output '{out.name}'"
+    params = _check_parameters(out.parameters, where)
+    if "binary_data" in params:
+        raise _fail(f"{where}: give binary_data as RequestedOutput(binary_data=...)")
+    if out.binary_data is not None:
+        if not isinstance(out.binary_data, bool):
+            raise _fail(f"{where}: binary_data must be a bool or None")
+        params["binary_data"] = out.binary_data
+    obj: dict[str, Any] = {"name": out.name}
+    if params:
+        obj["parameters"] = params
+    return obj
+
+
+def encode_request(
+    inputs: Mapping[str, Any] | Sequence[Tensor],
+    *,
+    outputs: Sequence[RequestedOutput | str] | None = None,
+    binary_data_output: bool | None = None,
+    parameters: Mapping[str, Any] | None = None,
+    id: str | None = None,
+    model_name: str | None = None,
+    binary: Binary = True,
+) -> EncodedBody:
+    """Encode an inference request.
+
+    Args:
+        inputs: a mapping from input name to data, or a sequence of
+            :class:`Tensor`. Data is a numpy array (datatype from its dtype;
+            object, ``bytes_`` and ``str_`` arrays are BYTES), a sequence of
+            ``bytes``/``str`` (BYTES), a (nested) Python list of numbers or
+            booleans (JSON data: INT64, FP64 or BOOL unless a :class:`Tensor`
+            says otherwise), or a :class:`Tensor`.
+        outputs: the outputs to ask for, as :class:`RequestedOutput` (or plain
+            names); None to leave ``outputs`` out (every output).
+        binary_data_output: the request's ``binary_data_output`` parameter
+            (None: not sent).
+        parameters: other request parameters (string, number or bool values).
+        id, model_name: sent when given.
+        binary: which inputs travel binary: True (every array and BYTES
+            sequence; Python lists of numbers stay JSON data), False (none), or
+            a set of input names (exactly those). FP16 and BF16 always travel
+            binary.
+
+    Arrays that are not C-contiguous or not little-endian are copied once into
+    wire form; others are referenced, not copied. Raises
+    :class:`LocalProtocolError` for data that cannot be encoded, e.g. BYTES
+    that are not valid UTF-8 sent as JSON data.
+    """
+    prepared = _prepare_all(inputs, "input")
+    choice = _finish_choice(prepared, _binary_choice(binary, prepared, "input"))
+    tensors, buffers = _place(prepared, choice, "input")
+    params = _check_parameters(parameters, "the request")
+    if binary_data_output is not None:
+        if not isinstance(binary_data_output, bool):
+            raise _fail("binary_data_output must be a bool or None")
+        if "binary_data_output" in params:
+            raise _fail("binary_data_output is given both as an argument and in parameters")
+        params["binary_data_output"] = binary_data_output
+    obj: dict[str, Any] = {}
+    _put(obj, "id", id)
+    _put(obj, "model_name", model_name)
+    if params:
+        obj["parameters"] = params
+    obj["inputs"] = tensors
+    if outputs is not None:
+        if isinstance(outputs, (str, bytes)) or not isinstance(outputs, Sequence):
+            raise _fail("outputs must be a sequence of RequestedOutput")
+        requested = [_requested_output(o) for o in outputs]
+        names = [o["name"] for o in requested]
+        if len(set(names)) != len(names):
+            raise _fail(f"duplicate requested output names in {names}")
+        obj["outputs"] = requested
+    return _body(obj, buffers)
+
+
+def _policy(
+    request: InferenceHeader, prepared: list[_Prepared]
+) -> tuple[list[_Prepared], list[bool]]:
+    """The outputs a request asked for, and whether each travels binary."""
+    if not isinstance(request, InferenceHeader) or request.kind != "request":
+        raise _fail("request must be the InferenceHeader of a parsed request")
+    default = request.binary_data_output is True
+    wanted = request.requested_outputs
+    if wanted is None:
+        return prepared, [default] * len(prepared)
+    by_name = {p.name: p for p in prepared}
+    missing = [o.name for o in wanted if o.name not in by_name]
+    if missing:
+        raise _fail(f"the request asks for outputs {missing} that are not among the outputs given")
+    asked = {o.name: o for o in wanted}
+    kept = [p for p in prepared if p.name in asked]
+    choice = []
+    for p in kept:
+        bd = asked[p.name].binary_data
+        choice.append(bd if bd is not None else default)
+    return kept, choice
+
+
+def _utf8_fallback(prepared: list[_Prepared], choice: list[bool]) -> list[bool]:
+    """BYTES that JSON cannot carry travel binary whatever the request asked."""
+    return [
+        c or (p.elements is not None and not all(map(_is_utf8, p.elements)))
+        for p, c in zip(prepared, choice, strict=True)
+    ]
+
+
+def encode_response(
+    outputs: Mapping[str, Any] | Sequence[Tensor],
+    *,
+    model_name: str,
+    model_version: str | None = None,
+    id: str | None = None,
+    parameters: Mapping[str, Any] | None = None,
+    request: InferenceHeader | None = None,
+    binary: Binary = True,
+) -> EncodedBody:
+    """Encode an inference response.
+
+    ``outputs`` takes the same forms as :func:`encode_request`'s ``inputs``.
+
+    With ``request`` (the :class:`InferenceHeader` of the parsed request) the
+    request's output policy decides how each output travels:
+
+    * when the request lists ``outputs``, only those are returned (in the
+      order of ``outputs`` here; a listed output missing from ``outputs``
+      raises :class:`LocalProtocolError`), and a listed output's
+      ``binary_data`` decides; without ``binary_data`` the request's
+      ``binary_data_output`` decides, as the extension's text says ("If
+      binary_data is specified on an output it overrides this setting").
+      Triton and KServe differ here: they return such an output as JSON
+      (kserve#5907);
+    * when it lists none, every output is returned, binary if
+      ``binary_data_output`` is true, else as JSON;
+    * FP16 and BF16 always travel binary, and so do BYTES outputs that are not
+      valid UTF-8 (JSON cannot carry them);
+    * ``id`` defaults to the request's id.
+
+    Without ``request``, ``binary`` decides as in :func:`encode_request` (BYTES
+    that are not valid UTF-8 sent as JSON raise :class:`LocalProtocolError`).
+    """
+    prepared = _prepare_all(outputs, "output")
+    if request is not None:
+        prepared, choice = _policy(request, prepared)
+        choice = _utf8_fallback(prepared, choice)
+        if id is None:
+            id = request.id
+    else:
+        choice = _binary_choice(binary, prepared, "output")
+    choice = _finish_choice(prepared, choice)
+    tensors, buffers = _place(prepared, choice, "output")
+    if not isinstance(model_name, str):
+        raise _fail("model_name must be a string")
+    obj: dict[str, Any] = {"model_name": model_name}
+    _put(obj, "model_version", model_version)
+    _put(obj, "id", id)
+    params = _check_parameters(parameters, "the response")
+    if params:
+        obj["parameters"] = params
+    obj["outputs"] = tensors
+    return _body(obj, buffers)

@@ -1,0 +1,250 @@
+"""A Sans-IO streaming writer for bodies whose tensors are produced piece by piece."""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+import numpy as np
+
+from ._bytes import BytesFramer
+from ._encode import dumps_header
+from ._errors import LocalProtocolError, RemoteProtocolError
+from ._header import InferenceHeader, Kind, build_header
+from ._http import message_headers
+from ._limits import Limits
+from ._parser import as_byte_view
+
+__all__ = ["BodyWriter"]
+
+_T = TypeVar("_T")
+
+# The writer describes the caller's own header: no peer limits apply to it.
+_NO_LIMITS = Limits(
+    max_header_bytes=2**62,
+    max_tensors=2**62,
+    max_tensor_bytes=2**62,
+    max_body_bytes=2**62,
+    max_json_depth=2**31,
+)
+
+
+class _State(enum.Enum):
+    IDLE = "IDLE"  # start() not called yet
+    BODY = "BODY"  # header written; tensor bytes going out
+    DONE = "DONE"  # end() succeeded
+    ERROR = "ERROR"  # a misuse was reported; every later call raises
+
+
+class BodyWriter:
+    """Write one body whose binary tensors are produced incrementally.
+
+    ``header`` describes the body: the JSON header object as a mapping (an
+    ``$inference_request`` with ``inputs``, or an ``$inference_response`` with
+    ``outputs``), or that object already serialized (``bytes``). Each tensor
+    sent binary declares ``"parameters": {"binary_data_size": N}``; tensors
+    with ``data`` travel in the header. The header is validated as the parser
+    would validate it (sizes against shapes and datatypes), so a body the
+    writer accepts is one a peer accepts.
+
+    Usage::
+
+        w = BodyWriter(header)
+        send_headers(w.headers)
+        write(w.start())             # the JSON header
+        for index, piece in produce():
+            write(w.send(index, piece))  # the caller's buffer, passed through
+        w.end()
+
+    ``send(tensor, data)`` takes the tensor's index in the header's
+    inputs/outputs (as in parser events) or its name, and any C-contiguous
+    buffer. Tensors are sent in header order, each exactly its declared size
+    (zero-size tensors need no send). BYTES tensors are sent in wire form (see
+    :func:`join_bytes`); their length prefixes are checked as they pass.
+    Sending out of order, beyond a tensor's size, after :meth:`end`, or ending
+    early raises :class:`LocalProtocolError`; after any error the writer is
+    unusable and every later call raises.
+
+    Attributes:
+        header: the validated header (an :class:`InferenceHeader`).
+        header_length: the Inference-Header-Content-Length, or None when no
+            tensor is binary.
+        content_length: total body length in bytes.
+        headers: the HTTP headers framing the body, as :func:`encode_request`'s.
+    """
+
+    def __init__(self, header: Mapping[str, Any] | bytes, *, kind: Kind | None = None) -> None:
+        if isinstance(header, Mapping):
+            obj: Any = dict(header)
+            raw = dumps_header(obj)
+        elif isinstance(header, (bytes, bytearray, memoryview)):
+            raw = bytes(header)
+            try:
+                obj = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError) as exc:
+                raise LocalProtocolError(f"the header is not UTF-8 JSON: {exc}") from None
+        else:
+            raise LocalProtocolError(
+                f"header must be a mapping or JSON bytes, got {type(header).__name__}"
+            )
+        if kind is None:
+            kind = "request" if isinstance(obj, dict) and "inputs" in obj else "response"
+        if kind not in ("request", "response"):
+            raise LocalProtocolError(f"kind must be 'request' or 'response', got {kind!r}")
+        try:
+            self.header: InferenceHeader = build_header(obj, kind, _NO_LIMITS, len(raw))
+        except RemoteProtocolError as exc:
+            raise LocalProtocolError(f"invalid {kind} header: {exc.msg}") from None
+        self._raw = raw
+        binary = self.header.binary_size
+        has_binary = any(t.binary_size is not None for t in self.header.tensors)
+        self.header_length: int | None = len(raw) if has_binary else None
+        self.content_length: int = len(raw) + binary
+        self.headers: list[tuple[str, str]] = message_headers(
+            self.header_length, self.content_length
+        )
+        self._role = "input" if kind == "request" else "output"
+        self._state = _State.IDLE
+        # Binary tensors in order, as (index, size); the current one is _order[_k].
+        self._order = [
+            (t.index, t.binary_size) for t in self.header.tensors if t.binary_size is not None
+        ]
+        self._k = 0
+        self._sent = 0  # bytes of the current tensor sent
+        self._offset = len(raw)  # body offset of the next byte
+        self._framer: BytesFramer | None = None
+        self._skip_complete()
+
+    # -- state helpers ----------------------------------------------------------
+
+    def _misuse(self, msg: str) -> LocalProtocolError:
+        self._state = _State.ERROR
+        return LocalProtocolError(msg)
+
+    def _check_open(self, what: str) -> None:
+        if self._state is _State.BODY:
+            return
+        if self._state is _State.IDLE:
+            raise self._misuse(f"cannot {what} before start()")
+        if self._state is _State.DONE:
+            raise self._misuse(f"cannot {what} after end()")
+        raise LocalProtocolError(f"cannot {what}: the writer is in the ERROR state")
+
+    def _label(self, index: int) -> str:
+        return f"{self._role} '{self.header.tensors[index].name}'"
+
+    def _skip_complete(self) -> None:
+        """Move past tensors whose bytes are all sent (and zero-size ones)."""
+        while self._k < len(self._order):
+            index, size = self._order[self._k]
+            info = self.header.tensors[index]
+            if info.datatype == "BYTES" and self._framer is None:
+                self._framer = BytesFramer(self._label(index), info.elements, size, self._offset)
+            if self._sent < size:
+                return
+            if self._framer is not None:
+                try:
+                    self._framer.finish()
+                except RemoteProtocolError as exc:
+                    raise self._misuse(f"malformed BYTES data: {exc.msg}") from None
+                self._framer = None
+            self._k += 1
+            self._sent = 0
+
+    def _resolve(self, tensor: int | str) -> int:
+        tensors = self.header.tensors
+        if isinstance(tensor, str):
+            for t in tensors:
+                if t.name == tensor:
+                    return t.index
+            raise self._misuse(f"no {self._role} named '{tensor}' in the header")
+        if type(tensor) is not int or not 0 <= tensor < len(tensors):
+            raise self._misuse(f"no {self._role} with index {tensor!r} in the header")
+        return tensor
+
+    # -- the API ----------------------------------------------------------------
+
+    def start(self) -> bytes:
+        """Begin the body: return the JSON header, the body's first bytes."""
+        if self._state is not _State.IDLE:
+            if self._state is _State.ERROR:
+                raise LocalProtocolError("cannot start: the writer is in the ERROR state")
+            raise self._misuse("start() was already called")
+        self._state = _State.BODY
+        return self._raw
+
+    def send(self, tensor: int | str, data: _T) -> _T:
+        """Check ``data`` as the next bytes of binary tensor ``tensor`` and
+        return it unchanged (write it to the peer).
+
+        ``tensor`` is the tensor's index in the header or its name. An empty
+        ``data`` is always accepted while the body is open.
+        """
+        self._check_open("send")
+        index = self._resolve(tensor)
+        info = self.header.tensors[index]
+        if info.binary_size is None:
+            raise self._misuse(f"{self._label(index)} is not sent binary (no binary_data_size)")
+        if isinstance(data, np.ndarray) and (data.dtype.hasobject or data.dtype.byteorder == ">"):
+            raise self._misuse(
+                f"data for {self._label(index)} must be raw little-endian bytes, got an"
+                f" array of dtype {data.dtype}"
+            )
+        view = as_byte_view(data)  # raises LocalProtocolError for non-contiguous data
+        n = view.nbytes
+        if n == 0:
+            return data
+        if self._k == len(self._order):
+            raise self._misuse(
+                f"{self._label(index)} is complete: every binary tensor has all its bytes"
+            )
+        current, size = self._order[self._k]
+        if index != current:
+            if index < current:
+                raise self._misuse(f"{self._label(index)} is already complete")
+            raise self._misuse(
+                f"{self._label(index)} sent out of order: {self._label(current)} still"
+                f" needs {size - self._sent} bytes"
+            )
+        left = size - self._sent
+        if n > left:
+            raise self._misuse(
+                f"{n} bytes for {self._label(index)} exceed the {left} left of its"
+                f" binary_data_size {size}"
+            )
+        if self._framer is not None:
+            try:
+                self._framer.feed(view, self._sent)
+            except RemoteProtocolError as exc:
+                raise self._misuse(f"malformed BYTES data: {exc.msg}") from None
+        self._sent += n
+        self._offset += n
+        self._skip_complete()
+        return data
+
+    def end(self) -> None:
+        """Finish the body; raises if any binary tensor is short of bytes."""
+        self._check_open("end")
+        if self._k < len(self._order):
+            index, size = self._order[self._k]
+            missing = size - self._sent + sum(s for _, s in self._order[self._k + 1 :])
+            raise self._misuse(
+                f"cannot end: {self._label(index)} has {self._sent} of its {size} bytes"
+                f" ({missing} bytes of binary data missing in all)"
+            )
+        self._state = _State.DONE
+
+    @property
+    def bytes_sent(self) -> int:
+        """Body bytes accepted so far, header included once started."""
+        if self._state is _State.IDLE:
+            return 0
+        return self._offset
+
+    def __repr__(self) -> str:
+        return (
+            f"BodyWriter(kind={self.header.kind!r}, state={self._state.value},"
+            f" content_length={self.content_length})"
+        )
