@@ -24,36 +24,15 @@ import binproto
 
 from ..helpers import arrays_equal, assert_same_everywhere, run, split
 from .recorder import recording_server
+from .samples import DATATYPES, sample, triton_input
 
 httpclient = pytest.importorskip("tritonclient.http")
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
 
-def sample(datatype: str) -> np.ndarray[Any, Any]:
-    """A small array of ``datatype`` with its edge values."""
-    if datatype == "BOOL":
-        return np.array([True, False, True, True])
-    if datatype == "BYTES":
-        return np.array([b"\xff\xfe\x00", b"", "é".encode(), b"\x80"], dtype=np.object_)
-    if datatype == "BF16":
-        return np.array([1.0, -2.5, np.inf, 0.15625], dtype=ml_dtypes.bfloat16)
-    dtype = binproto.DATATYPES[datatype].dtype
-    if dtype.kind == "f":
-        return np.array([0.5, -0.0, np.nan, -np.inf], dtype=dtype)
-    info = np.iinfo(dtype)
-    return np.array([info.min, info.max, 0, 1], dtype=dtype)
-
-
-DATATYPES = sorted(binproto.DATATYPES)
 # tritonclient refuses these as JSON data: FP16/BF16 have no JSON form, and
 # the BYTES sample is not UTF-8.
 NO_JSON = {"FP16", "BF16", "BYTES"}
-
-
-def triton_input(name: str, arr: np.ndarray[Any, Any], datatype: str, binary: bool) -> Any:
-    inp = httpclient.InferInput(name, list(arr.shape), datatype)
-    inp.set_data_from_numpy(arr, binary_data=binary)
-    return inp
 
 
 def every_datatype_body() -> tuple[bytes, int, dict[str, np.ndarray[Any, Any]]]:
