@@ -132,7 +132,8 @@ def test_mixed_json_and_binary(kserve_server: KServePeer) -> None:
     # Outputs come back in the order they were requested.
     assert [t.name for t in msg.header.tensors] == ["s", "a", "b"]
     assert [t.binary_size is not None for t in msg.header.tensors] == [False, True, False]
-    for name, arr in {"a": a, "b": b, "s": s}.items():
+    expected: dict[str, np.ndarray[Any, Any]] = {"a": a, "b": b, "s": s}
+    for name, arr in expected.items():
         assert arrays_equal(msg.tensors[name], arr), name
 
 
