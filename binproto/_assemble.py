@@ -31,6 +31,11 @@ def array_from_bytes(info: TensorInfo, buf: Any) -> np.ndarray[Any, Any]:
     return arr.reshape(info.shape)
 
 
+def _address(view: memoryview) -> int:
+    """Address of the first byte of a (non-empty or empty) byte view."""
+    return int(np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0])
+
+
 class TensorAssembler:
     """Consume parser events and build each tensor's numpy array.
 
@@ -63,6 +68,11 @@ class TensorAssembler:
         self._targets: dict[int, memoryview] = {}
         self._arrays: dict[int, np.ndarray[Any, Any]] = {}
         self._own: set[int] = set()  # tensors in memory the assembler allocated
+        self._bases: dict[int, int] = {}  # address of each target's first byte
+        #: Tensor bytes copied from chunks into tensor memory.
+        self.bytes_copied = 0
+        #: Tensor bytes that arrived already in place (see :meth:`target`): not copied.
+        self.bytes_in_place = 0
 
     def __call__(self, event: Event) -> None:
         """Same as :meth:`feed`."""
@@ -75,11 +85,34 @@ class TensorAssembler:
             if target is None:
                 target = self._allocate(event.index)
             data = event.data
-            target[event.offset : event.offset + len(data)] = data
+            n = len(data)
+            # A writable chunk may be the target itself, filled by the caller's
+            # recv_into (see target()); then there is nothing to copy.
+            if (
+                not data.readonly
+                and n
+                and _address(data) == self._bases[event.index] + event.offset
+            ):
+                self.bytes_in_place += n
+                return
+            target[event.offset : event.offset + n] = data
+            self.bytes_copied += n
         elif type(event) is HeaderParsed:
             self.header = event.header
         elif type(event) is TensorComplete:
             self._complete(event.info)
+
+    def target(self, index: int) -> memoryview:
+        """The writable bytes where binary tensor ``index`` is assembled.
+
+        Allocates the tensor's memory (or takes its destination array) if its
+        first chunk has not arrived yet. An adapter can receive body bytes
+        straight into a slice of it (see :meth:`Parser.next_tensor_region`) and
+        give that slice to the parser: when the resulting chunk is fed back,
+        the assembler sees the bytes are already in place and copies nothing.
+        """
+        target = self._targets.get(index)
+        return target if target is not None else self._allocate(index)
 
     def _allocate(self, index: int) -> memoryview:
         if self.header is None:
@@ -93,6 +126,7 @@ class TensorAssembler:
         target = array.reshape(-1).view(np.uint8).data
         self._arrays[index] = array
         self._targets[index] = target
+        self._bases[index] = _address(target)
         return target
 
     def _destination(self, info: TensorInfo) -> np.ndarray[Any, Any] | None:
@@ -127,6 +161,7 @@ class TensorAssembler:
             self._allocate(index)  # zero-size tensors have no chunks
         array = self._arrays.pop(index)
         del self._targets[index]
+        del self._bases[index]
         if index in self._own:
             self._own.discard(index)
             array = array_from_bytes(info, array)

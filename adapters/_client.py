@@ -1,0 +1,247 @@
+"""The V2 HTTP client, independent of the I/O library.
+
+:class:`ClientCore` speaks HTTP/1.1 through h11 over a
+:class:`~binproto.adapters._server.ByteStream` that a backend opens. Requests
+are encoded as buffer lists and written without joining them; responses are
+parsed as they are read, and read only as fast as the caller takes events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+import h11
+import numpy as np
+
+import binproto
+from binproto import Event, InferenceHeader, Limits, RequestedOutput
+from binproto._assemble import Destinations
+
+from ._server import BodyReader, ByteStream, MessageBody
+from .h11 import HTTPError, error_message, parser_for, request_for, send_body
+
+__all__ = ["ClientCore", "HTTPError", "ResponseStream"]
+
+#: Largest error body the client reads.
+MAX_ERROR_BODY = 1 << 20
+
+
+class ResponseStream:
+    """An inference response being received.
+
+    ``status`` and ``http`` (the ``h11.Response``) are known on entry;
+    ``async for event in response`` yields the body's parser events as they
+    are read; :meth:`tensors` reads the rest into arrays. ``header`` is set
+    once HeaderParsed has been returned.
+    """
+
+    def __init__(self, http: h11.Response, body: MessageBody) -> None:
+        self.http = http
+        self.status = http.status_code
+        self.body = body
+
+    @property
+    def header(self) -> InferenceHeader | None:
+        """The response's JSON header, once parsed."""
+        return self.body.header
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self.body.__aiter__()
+
+    async def next_event(self) -> Event:
+        """The next event of the body."""
+        return await self.body.next_event()
+
+    async def tensors(self, destinations: Destinations = None) -> dict[str, np.ndarray[Any, Any]]:
+        """Every output as an array (received in place when the stream allows it)."""
+        return await self.body.tensors(destinations)
+
+
+def _requested(outputs: Iterable[str | RequestedOutput] | None) -> list[RequestedOutput] | None:
+    if outputs is None:
+        return None
+    return [o if isinstance(o, RequestedOutput) else RequestedOutput(o) for o in outputs]
+
+
+class ClientCore:
+    """A V2 client on one keep-alive connection, opened on first use.
+
+    Args:
+        open_stream: opens a new connection as a ByteStream.
+        host: the ``Host`` header.
+        zero_copy: receive response tensors in place when the stream allows it.
+        limits: limits for response bodies.
+    """
+
+    def __init__(
+        self,
+        open_stream: Callable[[], Awaitable[ByteStream]],
+        *,
+        host: str,
+        zero_copy: bool = True,
+        limits: Limits | None = None,
+    ) -> None:
+        self._open_stream = open_stream
+        self._host = host
+        self._zero_copy = zero_copy
+        self._limits = limits
+        self._stream: ByteStream | None = None
+        self._conn: h11.Connection | None = None
+        self._stream_to_close = False  # the server will not serve another request
+
+    async def __aenter__(self) -> ClientCore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection (a later call opens a new one)."""
+        stream, self._stream, self._conn = self._stream, None, None
+        if stream is not None:
+            await stream.aclose()
+
+    async def _connection(self) -> tuple[ByteStream, h11.Connection]:
+        if self._stream is None or self._conn is None:
+            self._stream = await self._open_stream()
+            self._conn = h11.Connection(h11.CLIENT)
+        return self._stream, self._conn
+
+    async def _head(self, stream: ByteStream, conn: h11.Connection) -> h11.Response:
+        while True:
+            event = conn.next_event()
+            if type(event) is h11.Response:
+                return event
+            if event is h11.NEED_DATA:
+                conn.receive_data(bytes(await stream.receive_some(1 << 16)))
+            elif type(event) is h11.InformationalResponse:
+                continue
+            else:
+                raise binproto.RemoteProtocolError("the server closed the connection")
+
+    async def get(self, path: str) -> tuple[int, bytes]:
+        """A GET request: the status and the (small) body."""
+        stream, conn = await self._connection()
+        try:
+            await stream.send_all(
+                [
+                    conn.send(request_for(path, None, host=self._host, method="GET")),
+                    conn.send(h11.EndOfMessage()),
+                ]
+            )
+            head = await self._head(stream, conn)
+            data = await self._small_body(stream, conn)
+        except BaseException:
+            await self.aclose()
+            raise
+        self._next_cycle(conn)
+        return head.status_code, data
+
+    async def _small_body(self, stream: ByteStream, conn: h11.Connection) -> bytes:
+        reader = BodyReader(stream, conn, None, allow_direct=False)
+        out = bytearray()
+        while True:
+            data = await reader.read()
+            if not len(data):
+                return bytes(out)
+            out += data
+            if len(out) > MAX_ERROR_BODY:
+                raise binproto.RemoteProtocolError("the response body is too large")
+
+    def _next_cycle(self, conn: h11.Connection) -> None:
+        if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
+            conn.start_next_cycle()
+        else:
+            self._stream_to_close = True
+
+    @contextlib.asynccontextmanager
+    async def stream(
+        self,
+        model: str,
+        inputs: Mapping[str, Any],
+        *,
+        outputs: Iterable[str | RequestedOutput] | None = None,
+        binary_data_output: bool | None = None,
+        model_version: str | None = None,
+        id: str | None = None,
+        parameters: Mapping[str, Any] | None = None,
+        binary: bool | set[str] = True,
+    ) -> AsyncIterator[ResponseStream]:
+        """Send an inference request and yield the response as it arrives.
+
+        The request body goes out as the encoder's buffer list, never joined.
+        An error status raises :class:`~binproto.adapters.h11.HTTPError` (with
+        the V2 error message). Leaving the block before the body was read to
+        its end closes the connection.
+        """
+        body = binproto.encode_request(
+            inputs,
+            outputs=_requested(outputs),
+            binary_data_output=binary_data_output,
+            parameters=parameters,
+            id=id,
+            binary=binary,
+        )
+        path = f"/v2/models/{model}"
+        if model_version is not None:
+            path += f"/versions/{model_version}"
+        stream, conn = await self._connection()
+        ok = False
+        try:
+            head = request_for(path + "/infer", body, host=self._host)
+            await stream.send_all([conn.send(head), *send_body(conn, body)])
+            response = await self._head(stream, conn)
+            if response.status_code != 200:
+                data = await self._small_body(stream, conn)
+                self._next_cycle(conn)
+                ok = True
+                raise error_message(response.status_code, data)
+            parser = parser_for(response, limits=self._limits)
+            reader = BodyReader(stream, conn, parser.content_length, allow_direct=self._zero_copy)
+            result = ResponseStream(response, MessageBody(parser, reader))
+            yield result
+            ok = result.body.complete and not reader.direct
+            if ok:
+                self._next_cycle(conn)
+            elif result.body.complete:
+                # h11 did not see the body: a fresh connection state, same socket.
+                self._conn = h11.Connection(h11.CLIENT)
+                ok = True
+        finally:
+            if not ok or self._stream_to_close:
+                self._stream_to_close = False
+                await self.aclose()
+
+    async def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, Any],
+        *,
+        outputs: Iterable[str | RequestedOutput] | None = None,
+        binary_data_output: bool | None = None,
+        model_version: str | None = None,
+        id: str | None = None,
+        parameters: Mapping[str, Any] | None = None,
+        binary: bool | set[str] = True,
+        destinations: Destinations = None,
+    ) -> dict[str, np.ndarray[Any, Any]]:
+        """Run inference and return every output as a numpy array.
+
+        ``outputs`` names the outputs wanted (or gives
+        :class:`binproto.RequestedOutput` entries); ``binary_data_output`` asks
+        for binary outputs; ``binary`` is passed to
+        :func:`binproto.encode_request`; ``destinations`` to the assembler.
+        """
+        async with self.stream(
+            model,
+            inputs,
+            outputs=outputs,
+            binary_data_output=binary_data_output,
+            model_version=model_version,
+            id=id,
+            parameters=parameters,
+            binary=binary,
+        ) as response:
+            return await response.tensors(destinations)

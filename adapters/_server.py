@@ -1,0 +1,627 @@
+"""The V2 HTTP server, independent of the I/O library.
+
+Everything here is written against :class:`ByteStream`, a minimal async byte
+stream (receive some bytes, optionally receive into a buffer, send a list of
+buffers, close). The asyncio and trio adapters only wrap their streams into
+it; routing, the h11 state machine, parsing request bodies, encoding responses
+and mapping errors to V2 error responses all live here.
+
+Request bodies are read on demand: nothing is read from the socket until the
+handler asks for the next event, so memory stays O(chunk) plus what the
+handler keeps. When the stream supports ``receive_into`` and the body is
+``Content-Length`` framed and not compressed, binary tensor bytes are received
+straight into the tensor's destination array (see
+:meth:`binproto.Parser.next_tensor_region`); h11 is then bypassed for the rest
+of that body, since it has no way to skip body bytes it did not copy, and a
+fresh ``h11.Connection`` serves the next request.
+"""
+
+from __future__ import annotations
+
+import logging
+import urllib.parse
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import h11
+import numpy as np
+
+import binproto
+from binproto import (
+    NEED_DATA,
+    Event,
+    HeaderParsed,
+    InferenceHeader,
+    Limits,
+    MessageComplete,
+    Parser,
+    ProtocolError,
+    RemoteProtocolError,
+    TensorAssembler,
+)
+from binproto._assemble import Destinations
+
+from .h11 import error_response, json_response, parser_for, response_for, send_body, send_data
+
+if TYPE_CHECKING:
+    from binproto import BodyWriter
+
+__all__ = [
+    "BodyReader",
+    "ByteStream",
+    "InferRequest",
+    "InferenceError",
+    "MessageBody",
+    "Model",
+    "Route",
+    "StreamingResponse",
+    "V2Server",
+    "echo_model",
+    "route",
+]
+
+log = logging.getLogger("binproto.server")
+
+#: Bytes asked of the stream per read when not receiving into a tensor.
+CHUNK = 1 << 16
+#: Largest request head (request line and headers) the server accepts.
+MAX_HEAD = 64 * 1024
+
+
+class ByteStream(Protocol):
+    """What the server and client need from a connected byte stream.
+
+    A stream may also offer ``async receive_into(buf: memoryview) -> int``
+    (bytes written into ``buf``, 0 at end of stream): then tensor bytes are
+    received in place.
+    """
+
+    async def receive_some(self, max_bytes: int) -> Any:
+        """Up to ``max_bytes`` bytes (a bytes-like object); empty at end of stream."""
+
+    async def send_all(self, buffers: Sequence[Any]) -> None:
+        """Write every buffer, in order, without joining them."""
+
+    async def aclose(self) -> None:
+        """Close the stream."""
+
+
+class InferenceError(Exception):
+    """Raise from a handler to answer with a V2 error response."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+def _h11_error(exc: h11.ProtocolError) -> RemoteProtocolError:
+    return RemoteProtocolError(str(exc), status_hint=exc.error_status_hint)
+
+
+class BodyReader:
+    """Reads one message body from a stream and an ``h11.Connection``.
+
+    ``read()`` returns the next piece of the body (empty at its end); a stream
+    with ``receive_into`` lets ``read_into()`` receive into the caller's
+    memory once h11 holds nothing more of the body (``direct`` is then True).
+    """
+
+    def __init__(
+        self,
+        stream: ByteStream,
+        conn: h11.Connection,
+        content_length: int | None,
+        *,
+        allow_direct: bool,
+    ) -> None:
+        self._stream = stream
+        self._conn = conn
+        self._remaining = content_length
+        self._receive_into = getattr(stream, "receive_into", None) if allow_direct else None
+        self.direct = False  #: h11 is bypassed for the rest of the body
+        self.done = False  #: the whole body has been read
+
+    async def read(self) -> Any:
+        """The next piece of the body; ``b""`` at its end; None when nothing
+        was read but ``direct`` just became True (try ``read_into``)."""
+        if self.done:
+            return b""
+        if self.direct:
+            return await self._read_direct()
+        conn = self._conn
+        while True:
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise _h11_error(exc) from None
+            if type(event) is h11.Data:
+                if self._remaining is not None:
+                    self._remaining -= len(event.data)
+                return event.data
+            if type(event) is h11.EndOfMessage:
+                self.done = True
+                return b""
+            if event is not h11.NEED_DATA:
+                raise RemoteProtocolError(f"unexpected HTTP event {type(event).__name__}")
+            if self._receive_into is not None and self._remaining is not None:
+                self.direct = True
+                return None
+            data = await self._stream.receive_some(CHUNK)
+            conn.receive_data(bytes(data))
+
+    async def finish(self) -> None:
+        """Read the end of the body (the parser found it complete)."""
+        data = await self.read()
+        if data is None:
+            data = await self.read()
+        if len(data):
+            raise RemoteProtocolError("unexpected additional data after the end of the message")
+
+    async def _read_direct(self) -> Any:
+        remaining = self._remaining
+        assert remaining is not None
+        if not remaining:
+            self.done = True
+            return b""
+        data = await self._stream.receive_some(min(CHUNK, remaining))
+        if not len(data):
+            raise self._closed()
+        self._remaining = remaining - len(data)
+        return data
+
+    async def read_into(self, view: memoryview) -> int:
+        """Receive body bytes into ``view`` (only when ``direct``); returns how many."""
+        assert self.direct and self._receive_into is not None and self._remaining is not None
+        n: int = await self._receive_into(view[: self._remaining])
+        if not n:
+            raise self._closed()
+        self._remaining -= n
+        if not self._remaining:
+            self.done = True
+        return n
+
+    def _closed(self) -> RemoteProtocolError:
+        return RemoteProtocolError(
+            f"the peer closed the connection with {self._remaining} body bytes missing"
+        )
+
+
+class MessageBody:
+    """The events of one message body, read from the stream on demand.
+
+    Used for request bodies on the server and response bodies on the client.
+    ``header`` is set once HeaderParsed has been returned.
+    """
+
+    def __init__(self, parser: Parser, reader: BodyReader) -> None:
+        self.parser = parser
+        self._reader = reader
+        self.header: InferenceHeader | None = None
+        self._header_event: HeaderParsed | None = None
+        #: The assembler :meth:`tensors` used (its counters tell what was copied).
+        self.assembler: TensorAssembler | None = None
+
+    @property
+    def complete(self) -> bool:
+        """True once MessageComplete has been returned."""
+        return self.parser.state is binproto.ParserState.DONE
+
+    async def next_event(self) -> Event:
+        """The next parser event; reads the stream only when the parser needs bytes."""
+        parser = self.parser
+        while True:
+            event = parser.next_event()
+            if event is not NEED_DATA:
+                if type(event) is HeaderParsed:
+                    self.header = event.header
+                    self._header_event = event
+                elif type(event) is MessageComplete:
+                    await self._reader.finish()
+                return event
+            data = await self._reader.read()
+            if data is not None:
+                parser.receive_data(data)
+
+    async def read_header(self) -> InferenceHeader:
+        """Read up to HeaderParsed (if not done yet) and return the header."""
+        while self.header is None:
+            await self.next_event()
+        return self.header
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[Event]:
+        while not self.complete:
+            yield await self.next_event()
+
+    async def drain(self) -> None:
+        """Parse (and drop) the rest of the body, so that it is checked to the end."""
+        while not self.complete:
+            await self.next_event()
+
+    async def tensors(self, destinations: Destinations = None) -> dict[str, np.ndarray[Any, Any]]:
+        """Read the rest of the body and return every tensor as an array.
+
+        ``destinations`` is as for :class:`binproto.TensorAssembler`. When the
+        stream allows it, tensor bytes are received straight into the tensors'
+        memory, with no copy (``assembler.bytes_in_place`` counts them).
+        """
+        asm = TensorAssembler(destinations)
+        self.assembler = asm
+        if self._header_event is not None:
+            asm.feed(self._header_event)
+        parser = self.parser
+        reader = self._reader
+        while not self.complete:
+            event = parser.next_event()
+            if event is NEED_DATA:
+                region = parser.next_tensor_region() if reader.direct else None
+                if region is not None:
+                    index, offset, count = region
+                    view = asm.target(index)[offset : offset + count]
+                    n = await reader.read_into(view)
+                    parser.receive_data(view[:n])
+                else:
+                    data = await reader.read()
+                    if data is not None:
+                        parser.receive_data(data)
+                continue
+            if type(event) is HeaderParsed:
+                self.header = event.header
+                self._header_event = event
+            elif type(event) is MessageComplete:
+                await reader.finish()
+            asm.feed(event)
+        return asm.tensors
+
+
+@dataclass
+class InferRequest:
+    """An inference request as a handler sees it.
+
+    ``body`` gives the request body's events on demand (``async for event in
+    request.body``) or every tensor at once (``await request.tensors()``);
+    ``header`` is the parsed JSON header (read before the handler is called).
+    """
+
+    model: Model
+    version: str | None
+    http: h11.Request
+    header: InferenceHeader
+    body: MessageBody
+
+    async def tensors(self, destinations: Destinations = None) -> dict[str, np.ndarray[Any, Any]]:
+        """Every input as a numpy array (see :meth:`MessageBody.tensors`)."""
+        return await self.body.tensors(destinations)
+
+
+@dataclass
+class StreamingResponse:
+    """A response whose tensor bytes a handler produces as it goes.
+
+    ``writer`` is a :class:`binproto.BodyWriter` for the response header;
+    ``chunks`` yields ``(tensor index, buffer)`` pairs in body order.
+    """
+
+    writer: BodyWriter
+    chunks: AsyncIterable[tuple[int, Any]]
+
+
+#: What a handler returns: outputs by name (encoded with the request's output
+#: policy), an already encoded body, or a streaming response.
+HandlerResult = Mapping[str, Any] | StreamingResponse
+Handler = Callable[[InferRequest], Awaitable[Any]]
+
+
+@dataclass
+class Model:
+    """A model the server serves: its name, versions, metadata and handler.
+
+    The handler gets an :class:`InferRequest` and returns a mapping of output
+    names to arrays (or lists, or :class:`binproto.Tensor`), an encoded body,
+    or a :class:`StreamingResponse`; it may raise :class:`InferenceError`.
+    """
+
+    name: str
+    handler: Handler
+    versions: Sequence[str] = ("1",)
+    inputs: Sequence[Mapping[str, Any]] = ()
+    outputs: Sequence[Mapping[str, Any]] = ()
+    platform: str = "binproto"
+
+    def metadata(self) -> dict[str, Any]:
+        """The model metadata object (``GET /v2/models/{name}``)."""
+        return {
+            "name": self.name,
+            "versions": list(self.versions),
+            "platform": self.platform,
+            "inputs": [dict(t) for t in self.inputs],
+            "outputs": [dict(t) for t in self.outputs],
+        }
+
+
+async def _echo(request: InferRequest) -> Mapping[str, Any]:
+    tensors = await request.tensors()
+    header = request.header
+    wanted = header.requested_outputs
+    names = [o.name for o in wanted] if wanted is not None else list(tensors)
+    outputs: dict[str, Any] = {}
+    for name in names:
+        if name not in tensors:
+            raise InferenceError(
+                f"unexpected inference output '{name}' for model '{request.model.name}'"
+            )
+        info = header.tensor(name)
+        outputs[name] = binproto.Tensor(name, tensors[name], datatype=info.datatype)
+    return outputs
+
+
+def echo_model(name: str = "echo") -> Model:
+    """The built-in model: each input comes back as the output of the same name."""
+    return Model(name=name, handler=_echo)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where a request goes: ``kind`` and, for model routes, the model and version."""
+
+    kind: str  # "server", "live", "ready", "model", "model_ready", "infer", "not_found"
+    model: str | None = None
+    version: str | None = None
+    method: str = "GET"  #: the method the route accepts
+
+
+def route(method: str, target: str) -> Route:
+    """Route a request target (a path with an optional query) to an endpoint."""
+    path = urllib.parse.urlsplit(target).path
+    parts = [urllib.parse.unquote(p) for p in path.strip("/").split("/")]
+    if parts == ["v2"]:
+        return Route("server")
+    if parts == ["v2", "health", "live"]:
+        return Route("live")
+    if parts == ["v2", "health", "ready"]:
+        return Route("ready")
+    if len(parts) >= 3 and parts[:2] == ["v2", "models"] and parts[2]:
+        name = parts[2]
+        rest = parts[3:]
+        version = None
+        if len(rest) >= 2 and rest[0] == "versions" and rest[1]:
+            version = rest[1]
+            rest = rest[2:]
+        if not rest:
+            return Route("model", name, version)
+        if rest == ["ready"]:
+            return Route("model_ready", name, version)
+        if rest == ["infer"]:
+            return Route("infer", name, version, method="POST")
+    return Route("not_found")
+
+
+@dataclass
+class V2Server:
+    """A V2 inference server, independent of the I/O library.
+
+    Serve each accepted connection with :meth:`serve_connection`. The server
+    answers ``GET /v2`` (server metadata, listing ``binary_tensor_data``),
+    ``/v2/health/live`` and ``/ready``, model metadata and readiness, and
+    ``POST /v2/models/{name}[/versions/{v}]/infer``.
+
+    Args:
+        models: the models to serve (default: the built-in ``echo`` model).
+        limits: limits for request bodies.
+        zero_copy: receive tensor bytes in place when the stream allows it.
+    """
+
+    models: Sequence[Model] = field(default_factory=lambda: [echo_model()])
+    limits: Limits | None = None
+    zero_copy: bool = True
+    name: str = "binproto"
+
+    def __post_init__(self) -> None:
+        self._models = {m.name: m for m in self.models}
+
+    def add_model(self, model: Model) -> None:
+        """Serve one more model."""
+        self._models[model.name] = model
+
+    def metadata(self) -> dict[str, Any]:
+        """The server metadata object (``GET /v2``)."""
+        return {
+            "name": self.name,
+            "version": binproto.__version__,
+            "extensions": ["binary_tensor_data"],
+        }
+
+    async def serve_connection(self, stream: ByteStream) -> None:
+        """Serve requests on ``stream`` until the peer closes or an error ends it.
+
+        Closes the stream when done. A fault in one request never escapes:
+        it is answered with a V2 error response when possible, and the
+        connection is closed when its state is unknown.
+        """
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
+        try:
+            while True:
+                request = await self._next_request(stream, conn)
+                if request is None:
+                    return
+                keep = await self._respond(stream, conn, request)
+                if not keep:
+                    return
+                if conn.their_state is h11.DONE and conn.our_state is h11.DONE:
+                    conn.start_next_cycle()
+                else:
+                    # The body bypassed h11 (see BodyReader): begin afresh.
+                    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
+        except Exception:  # the peer went away, or a write failed: just close
+            log.debug("connection closed on an error", exc_info=True)
+        finally:
+            await stream.aclose()
+
+    async def _next_request(self, stream: ByteStream, conn: h11.Connection) -> h11.Request | None:
+        while True:
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                await self._send_error_and_close(stream, conn, _h11_error(exc))
+                return None
+            if type(event) is h11.Request:
+                return event
+            if event is h11.NEED_DATA:
+                data = await stream.receive_some(CHUNK)
+                conn.receive_data(bytes(data))
+                continue
+            return None  # ConnectionClosed or PAUSED without a request
+
+    async def _send_error_and_close(
+        self, stream: ByteStream, conn: h11.Connection, exc: ProtocolError
+    ) -> None:
+        if conn.our_state is not h11.SEND_RESPONSE and conn.our_state is not h11.IDLE:
+            return
+        head, payload = error_response(exc)
+        try:
+            out = [
+                conn.send(head),
+                conn.send(h11.Data(data=payload)),
+                conn.send(h11.EndOfMessage()),
+            ]
+        except h11.LocalProtocolError:
+            return
+        await stream.send_all([b for b in out if b])
+
+    async def _respond(self, stream: ByteStream, conn: h11.Connection, req: h11.Request) -> bool:
+        """Answer one request; True when the connection may serve another."""
+        target = req.target.decode("latin-1")
+        r = route(req.method.decode("latin-1"), target)
+        body: MessageBody | None = None
+        try:
+            if r.kind != "not_found" and req.method.decode("latin-1") != r.method:
+                raise InferenceError(f"method {req.method.decode('latin-1')} not allowed", 405)
+            if r.kind == "infer":
+                body, result = await self._infer(stream, conn, req, r)
+                head: h11.Response
+                if isinstance(result, StreamingResponse):
+                    await self._stream_response(stream, conn, result)
+                    return body.complete
+                head = response_for(200, result)
+                pieces = [conn.send(head), *send_body(conn, result)]
+            else:
+                await self._drain_small(stream, conn)
+                head, payload = self._get(r)
+                pieces = [conn.send(head), conn.send(h11.Data(data=payload)) if payload else b""]
+                pieces.append(conn.send(h11.EndOfMessage()))
+        except (ProtocolError, InferenceError) as exc:
+            return await self._error(stream, conn, exc, body)
+        except Exception as exc:  # a handler failed: the server's fault
+            log.exception("error while serving %s", target)
+            return await self._error(
+                stream, conn, InferenceError(f"internal error: {exc}", 500), body
+            )
+        await stream.send_all([p for p in pieces if p])
+        return conn.our_state is h11.DONE
+
+    async def _drain_small(self, stream: ByteStream, conn: h11.Connection) -> None:
+        """Read the (expectedly empty) body of a GET."""
+        reader = BodyReader(stream, conn, None, allow_direct=False)
+        total = 0
+        while True:
+            data = await reader.read()
+            if not len(data):
+                return
+            total += len(data)
+            if total > MAX_HEAD:
+                raise RemoteProtocolError(
+                    "request body too large for this endpoint", status_hint=413
+                )
+
+    def _get(self, r: Route) -> tuple[h11.Response, bytes]:
+        if r.kind == "server":
+            return json_response(self.metadata())
+        if r.kind in ("live", "ready"):
+            return h11.Response(status_code=200, headers=[("Content-Length", "0")]), b""
+        if r.kind == "not_found":
+            return error_response("Not Found", 404)
+        model = self._model(r)
+        if r.kind == "model_ready":
+            return h11.Response(status_code=200, headers=[("Content-Length", "0")]), b""
+        return json_response(model.metadata())
+
+    def _model(self, r: Route) -> Model:
+        assert r.model is not None
+        model = self._models.get(r.model)
+        if model is None:
+            raise InferenceError(f"Request for unknown model: '{r.model}' is not found", 404)
+        if r.version is not None and r.version not in model.versions:
+            raise InferenceError(
+                f"Request for unknown model: '{r.model}' version {r.version} is not found", 404
+            )
+        return model
+
+    async def _infer(
+        self, stream: ByteStream, conn: h11.Connection, req: h11.Request, r: Route
+    ) -> tuple[MessageBody, Any]:
+        model = self._model(r)
+        parser = parser_for(req, limits=self.limits)
+        reader = BodyReader(stream, conn, parser.content_length, allow_direct=self.zero_copy)
+        body = MessageBody(parser, reader)
+        header = await body.read_header()
+        request = InferRequest(model, r.version, req, header, body)
+        try:
+            result = await model.handler(request)
+        except Exception:
+            if not body.complete:
+                # Say so whatever the body held: its own fault comes first.
+                await body.drain()
+            raise
+        await body.drain()
+        if isinstance(result, StreamingResponse) or hasattr(result, "buffers"):
+            return body, result
+        version = r.version
+        if version is None and model.versions:
+            version = model.versions[0]
+        encoded = binproto.encode_response(
+            result, model_name=model.name, model_version=version, id=header.id, request=header
+        )
+        return body, encoded
+
+    async def _stream_response(
+        self, stream: ByteStream, conn: h11.Connection, response: StreamingResponse
+    ) -> None:
+        writer = response.writer
+        headers = list(getattr(writer, "headers", ()))
+        await stream.send_all([conn.send(response_for(200, None, headers=headers))])
+        start = writer.start()
+        await stream.send_all([conn.send(h11.Data(data=start))])
+        async for index, data in response.chunks:
+            await stream.send_all(send_data(conn, writer.send(index, data)))
+        writer.end()
+        tail = conn.send(h11.EndOfMessage())
+        if tail:
+            await stream.send_all([tail])
+
+    async def _error(
+        self,
+        stream: ByteStream,
+        conn: h11.Connection,
+        exc: ProtocolError | InferenceError,
+        body: MessageBody | None,
+    ) -> bool:
+        if conn.our_state is not h11.SEND_RESPONSE:
+            return False  # the response had begun: all we can do is close
+        if isinstance(exc, InferenceError):
+            head, payload = error_response(exc.message, exc.status)
+        else:
+            head, payload = error_response(exc)
+        # Close unless the request was read to its end through h11.
+        close = conn.their_state is not h11.DONE
+        if close:
+            head = h11.Response(
+                status_code=head.status_code,
+                headers=[*head.headers, (b"Connection", b"close")],
+            )
+        out = [conn.send(head), conn.send(h11.Data(data=payload)), conn.send(h11.EndOfMessage())]
+        await stream.send_all([b for b in out if b])
+        return not close and conn.states[h11.SERVER] is h11.DONE

@@ -1,0 +1,337 @@
+"""binproto over asyncio: a V2 HTTP/1.1 server and client (h11 underneath).
+
+Two ways to move bytes, both adapted to the backend-independent core in
+``binproto.adapters._server``:
+
+* streams (``asyncio.start_server`` / ``open_connection``): bytes go through
+  a ``StreamReader`` (``zero_copy=False``);
+* an :class:`asyncio.BufferedProtocol` (the default): the event loop calls
+  ``recv_into`` on the buffer this module hands it, which is the tensor's
+  destination array while a binary tensor of a ``Content-Length`` body is
+  being received. Reading is paused whenever nobody waits for bytes, so the
+  socket is read only as fast as the consumer takes events.
+
+Sending never joins buffers: each one is written as it is, in pieces of at
+most 1 MiB, waiting for the transport to drain between pieces. (Before
+Python 3.12 an asyncio transport copies what the kernel did not take at once;
+the pieces bound that copy.)
+
+Server::
+
+    server = await binproto.adapters.asyncio.start_server(port=8000)
+    async with server:
+        await server.serve_forever()
+
+Client::
+
+    async with binproto.adapters.asyncio.Client("127.0.0.1", 8000) as c:
+        outputs = await c.infer("echo", {"x": array}, binary_data_output=True)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+from ._client import ClientCore, ResponseStream
+from ._server import V2Server
+
+__all__ = [
+    "BufferedStream",
+    "Client",
+    "ResponseStream",
+    "StreamsStream",
+    "connect",
+    "serve",
+    "start_server",
+]
+
+#: Bytes in the transport's write buffer above which a writer waits.
+HIGH_WATER = 1 << 20
+
+
+class StreamsStream:
+    """A :class:`~binproto.adapters._server.ByteStream` over asyncio streams."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        timeout: float | None = None,
+    ) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._timeout = timeout
+
+    async def receive_some(self, max_bytes: int) -> bytes:
+        """Up to ``max_bytes`` bytes; ``b""`` at end of stream."""
+        return await asyncio.wait_for(self._reader.read(max_bytes), self._timeout)
+
+    async def send_all(self, buffers: Sequence[Any]) -> None:
+        """Write each buffer in turn (never joined), draining as needed."""
+        writer = self._writer
+        transport = writer.transport
+        for buf in buffers:
+            writer.write(buf)
+            if transport.get_write_buffer_size() > HIGH_WATER:
+                await writer.drain()
+        await writer.drain()
+
+    async def aclose(self) -> None:
+        """Close the connection."""
+        self._writer.close()
+
+
+class _ReceiveProtocol(asyncio.BufferedProtocol):
+    """Receives into whatever buffer the waiting reader gave, and only then."""
+
+    def __init__(self, on_connect: Any = None) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._on_connect = on_connect
+        self._target: memoryview | None = None
+        self._waiter: asyncio.Future[int] | None = None
+        self._leftover = b""  # bytes received with no reader waiting (not expected)
+        self._eof = False
+        self._error: BaseException | None = None
+        self._writable: asyncio.Future[None] | None = None
+        self._paused = False
+        self._closed: asyncio.Future[None] | None = None
+
+    # -- protocol callbacks ------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self._closed = asyncio.get_running_loop().create_future()
+        transport.pause_reading()
+        if self._on_connect is not None:
+            self._on_connect(BufferedStream(self))
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._target is None:  # data with no reader: keep it for the next one
+            self._target = memoryview(bytearray(max(sizehint, 1 << 16)))
+        return self._target
+
+    def buffer_updated(self, nbytes: int) -> None:
+        assert self.transport is not None
+        self.transport.pause_reading()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            self._waiter = None
+            self._target = None
+            waiter.set_result(nbytes)
+        else:
+            assert self._target is not None
+            self._leftover += bytes(self._target[:nbytes])
+            self._target = None
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        self._wake(0)
+        return True  # keep the transport open: we may still answer
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._eof = True
+        self._error = exc
+        self._wake(0)
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+        if self._closed is not None and not self._closed.done():
+            self._closed.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+
+    def _wake(self, n: int) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            self._waiter = None
+            self._target = None
+            waiter.set_result(n)
+
+    # -- used by BufferedStream ---------------------------------------------------
+
+    async def receive_into(self, view: memoryview) -> int:
+        if not len(view):
+            return 0
+        if self._leftover:
+            n = min(len(view), len(self._leftover))
+            view[:n] = self._leftover[:n]
+            self._leftover = self._leftover[n:]
+            return n
+        if self._eof or self.transport is None or self.transport.is_closing():
+            return 0
+        loop = asyncio.get_running_loop()
+        self._target = view
+        self._waiter = waiter = loop.create_future()
+        self.transport.resume_reading()
+        try:
+            received: int = await waiter
+            return received
+        finally:
+            if self._waiter is waiter:  # cancelled: nobody waits any more
+                self._waiter = None
+                self._target = None
+                if not self.transport.is_closing():
+                    self.transport.pause_reading()
+
+    async def drain(self) -> None:
+        if self.transport is None or self.transport.is_closing():
+            raise ConnectionResetError("the connection is closed")
+        if self._paused:
+            self._writable = asyncio.get_running_loop().create_future()
+            await self._writable
+            if self.transport.is_closing():
+                raise ConnectionResetError("the connection is closed")
+
+
+class BufferedStream:
+    """A :class:`~binproto.adapters._server.ByteStream` over a BufferedProtocol,
+    with ``receive_into``: the kernel writes into the caller's buffer."""
+
+    def __init__(self, protocol: _ReceiveProtocol, timeout: float | None = None) -> None:
+        self._protocol = protocol
+        self.timeout = timeout
+
+    async def receive_into(self, view: memoryview) -> int:
+        """Receive up to ``len(view)`` bytes into ``view``; 0 at end of stream."""
+        return await asyncio.wait_for(self._protocol.receive_into(view), self.timeout)
+
+    async def receive_some(self, max_bytes: int) -> bytes:
+        """Up to ``max_bytes`` bytes; ``b""`` at end of stream."""
+        buf = bytearray(max_bytes)
+        n = await self.receive_into(memoryview(buf))
+        del buf[n:]
+        return bytes(buf)
+
+    async def send_all(self, buffers: Sequence[Any]) -> None:
+        """Write each buffer in turn (never joined), draining as needed."""
+        protocol = self._protocol
+        transport = protocol.transport
+        assert transport is not None
+        for buf in buffers:
+            if transport.is_closing():
+                raise ConnectionResetError("the connection is closed")
+            transport.write(buf)
+            if transport.get_write_buffer_size() > HIGH_WATER:
+                await protocol.drain()
+        await protocol.drain()
+
+    async def aclose(self) -> None:
+        """Close the connection."""
+        transport = self._protocol.transport
+        if transport is not None and not transport.is_closing():
+            transport.close()
+        closed = self._protocol._closed
+        if closed is not None:
+            await closed
+
+
+async def start_server(
+    server: V2Server | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    zero_copy: bool = True,
+    timeout: float | None = None,
+) -> asyncio.Server:
+    """Start serving ``server`` (default: one with the ``echo`` model).
+
+    ``zero_copy`` picks the BufferedProtocol transport (tensor bytes received
+    in place) over asyncio streams; ``timeout`` bounds each wait for the peer's
+    bytes (None: no bound). Port 0 picks a free port: read it from
+    ``server.sockets[0].getsockname()[1]``.
+    """
+    app = server if server is not None else V2Server()
+    tasks: set[asyncio.Task[None]] = set()
+
+    def spawn(stream: Any) -> None:
+        task = asyncio.get_running_loop().create_task(app.serve_connection(stream))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    if zero_copy:
+        app.zero_copy = True
+        loop = asyncio.get_running_loop()
+        return await loop.create_server(
+            lambda: _ReceiveProtocol(lambda s: spawn(_with_timeout(s, timeout))),
+            host,
+            port,
+        )
+
+    async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await app.serve_connection(StreamsStream(reader, writer, timeout))
+
+    return await asyncio.start_server(on_client, host, port)
+
+
+def _with_timeout(stream: BufferedStream, timeout: float | None) -> BufferedStream:
+    stream.timeout = timeout
+    return stream
+
+
+async def serve(
+    server: V2Server | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    zero_copy: bool = True,
+    ready: Any = None,
+) -> None:
+    """Run the server until cancelled. ``ready(port)`` is called once listening."""
+    srv = await start_server(server, host, port, zero_copy=zero_copy)
+    async with srv:
+        if ready is not None:
+            ready(srv.sockets[0].getsockname()[1])
+        await srv.serve_forever()
+
+
+async def connect(
+    host: str, port: int, *, zero_copy: bool = True, timeout: float | None = None
+) -> BufferedStream | StreamsStream:
+    """Open a connection as a ByteStream (see :func:`start_server` for the options)."""
+    loop = asyncio.get_running_loop()
+    if zero_copy:
+        _, protocol = await loop.create_connection(_ReceiveProtocol, host, port)
+        return BufferedStream(protocol, timeout)
+    reader, writer = await asyncio.open_connection(host, port)
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return StreamsStream(reader, writer, timeout)
+
+
+class Client(ClientCore):
+    """A V2 client over one HTTP/1.1 keep-alive connection.
+
+    ::
+
+        async with Client("127.0.0.1", port) as c:
+            outputs = await c.infer("echo", {"x": array}, binary_data_output=True)
+            async with c.stream("echo", {"x": array}) as response:
+                async for event in response:
+                    ...
+
+    ``zero_copy`` receives response tensors straight into their arrays;
+    ``timeout`` bounds each wait for the server's bytes.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        *,
+        zero_copy: bool = True,
+        timeout: float | None = None,
+    ) -> None:
+        async def open_stream() -> Any:
+            return await connect(host, port, zero_copy=zero_copy, timeout=timeout)
+
+        super().__init__(open_stream, host=f"{host}:{port}", zero_copy=zero_copy)

@@ -1,0 +1,359 @@
+"""binproto over h11: HTTP/1.1 messages in, parser events out, and back.
+
+h11 is Sans-IO like binproto, so this module is too (except
+:func:`receive_body_into`, a small blocking helper for plain sockets). It does
+three things:
+
+* build a :class:`binproto.Parser` from an ``h11.Request`` / ``h11.Response``
+  (the header length, ``Content-Length`` and ``Content-Encoding`` come from the
+  HTTP headers) and feed it ``h11.Data`` / ``h11.EndOfMessage`` events;
+* turn an encoded body into the bytes to write, through an ``h11.Connection``,
+  without joining tensor buffers: the head and the JSON header go through
+  ``Connection.send``; each tensor buffer goes through
+  ``Connection.send_with_data_passthrough``, which hands back the very object
+  it was given, ready for ``socket.sendmsg`` or ``writelines``;
+* V2 error bodies (``{"error": "..."}``) for a :class:`binproto.ProtocolError`.
+
+Typical server loop::
+
+    event = conn.next_event()                 # an h11.Request
+    parser = parser_for(event)
+    while True:
+        event = conn.next_event()             # h11.Data / h11.EndOfMessage
+        feed(parser, event)
+        for ev in parser.events():
+            ...
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import h11
+
+import binproto
+from binproto import Limits, Parser, ProtocolError, RemoteProtocolError
+from binproto._http import header_value
+from binproto._parser import as_byte_view
+
+if TYPE_CHECKING:
+    from binproto import EncodedBody
+
+__all__ = [
+    "HTTPError",
+    "Kind",
+    "content_length_of",
+    "error_response",
+    "feed",
+    "parser_for",
+    "receive_body_into",
+    "request_for",
+    "response_for",
+    "send_body",
+    "send_data",
+    "send_message",
+]
+
+Kind = str  # "request" or "response"
+
+#: The largest piece of a tensor buffer handed to a writer at once. Writers that
+#: keep what the kernel did not take (asyncio on Python < 3.12 copies it) then
+#: hold at most this much extra.
+PIECE = 1 << 20
+
+
+class HTTPError(Exception):
+    """A V2 endpoint answered with an error status.
+
+    ``status`` is the HTTP status; ``message`` the ``"error"`` of the V2 error
+    body (or the body itself when it is not one).
+    """
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+def _headers(event: h11.Request | h11.Response) -> list[tuple[bytes, bytes]]:
+    return list(event.headers)
+
+
+def content_length_of(event: h11.Request | h11.Response) -> int | None:
+    """The ``Content-Length`` of a message head (h11 has validated it), or None."""
+    text = header_value(_headers(event), "content-length")
+    return int(text) if text is not None else None
+
+
+def parser_for(
+    event: h11.Request | h11.Response,
+    *,
+    limits: Limits | None = None,
+    strict_bool: bool = True,
+) -> Parser:
+    """A :class:`binproto.Parser` for the body of ``event``.
+
+    A request gets a request parser, a response a response parser. The
+    ``Inference-Header-Content-Length``, ``Content-Length`` and (when the core
+    supports it) ``Content-Encoding`` headers configure it. Raises
+    :class:`binproto.RemoteProtocolError` for bad values of those headers.
+    """
+    kind = "request" if isinstance(event, h11.Request) else "response"
+    headers = _headers(event)
+    content_length = content_length_of(event)
+    options: dict[str, Any] = {}
+    encoding_from = getattr(binproto, "content_encoding_from", None)
+    if encoding_from is not None:
+        encoding = encoding_from(headers)
+        if encoding is not None:
+            options["content_encoding"] = encoding
+    elif header_value(headers, "content-encoding") not in (None, "identity"):
+        raise RemoteProtocolError(
+            f"unsupported Content-Encoding: {header_value(headers, 'content-encoding')!r}",
+            status_hint=415,
+        )
+    # With a content encoding, Content-Length counts compressed bytes: it
+    # bounds the input, not the header length.
+    body_length = content_length if not options else None
+    header_length = binproto.header_length_from(headers, content_length=body_length)
+    return Parser(
+        kind,  # type: ignore[arg-type]
+        header_length=header_length,
+        content_length=content_length,
+        limits=limits,
+        strict_bool=strict_bool,
+        **options,
+    )
+
+
+def feed(parser: Parser, event: h11.Data | h11.EndOfMessage) -> None:
+    """Give the parser the body bytes of an ``h11.Data`` (``EndOfMessage``: the end)."""
+    if type(event) is h11.Data:
+        parser.receive_data(event.data)
+    else:
+        parser.receive_data(b"")
+
+
+def _buffers(body: EncodedBody | Sequence[Any]) -> Sequence[Any]:
+    return body.buffers if hasattr(body, "buffers") else body
+
+
+def send_data(conn: h11.Connection, buf: Any) -> list[Any]:
+    """The pieces to write for body bytes ``buf``, passed through, not copied.
+
+    ``buf`` (any C-contiguous buffer) goes out as byte views of at most
+    :data:`PIECE` bytes, plus whatever framing h11 adds (chunk headers).
+    """
+    view = as_byte_view(buf)
+    out: list[Any] = []
+    for start in range(0, len(view), PIECE):
+        # h11 takes any object with a len() here and passes it through as is.
+        piece = view[start : start + PIECE]
+        pieces = conn.send_with_data_passthrough(h11.Data(data=piece))  # type: ignore[arg-type]
+        assert pieces is not None
+        out.extend(pieces)
+    return out
+
+
+def send_body(conn: h11.Connection, body: EncodedBody | Sequence[Any]) -> list[Any]:
+    """The pieces to write for the body ``body`` (a head has been sent).
+
+    The first buffer (the JSON header) goes through ``conn.send``; every tensor
+    buffer through ``conn.send_with_data_passthrough``, so the list holds the
+    tensor memory itself (as byte views of at most :data:`PIECE` bytes), never a
+    copy. Ends the message. Write the pieces in order, e.g. with
+    ``socket.sendmsg`` or one ``write`` each.
+    """
+    out: list[Any] = []
+    buffers = _buffers(body)
+    for i, buf in enumerate(buffers):
+        view = as_byte_view(buf)
+        if not len(view):
+            continue
+        if i == 0:
+            out.append(conn.send(h11.Data(data=bytes(view))))
+            continue
+        out.extend(send_data(conn, view))
+    tail = conn.send(h11.EndOfMessage())
+    if tail:
+        out.append(tail)
+    return out
+
+
+def send_message(
+    conn: h11.Connection,
+    head: h11.Request | h11.Response,
+    body: EncodedBody | Sequence[Any] = (),
+) -> list[Any]:
+    """The pieces to write for a whole message: its head, then :func:`send_body`."""
+    first = conn.send(head)
+    assert first is not None
+    return [first, *send_body(conn, body)]
+
+
+def _header_list(body: EncodedBody | None, extra: Iterable[tuple[str, str]]) -> list[Any]:
+    headers: list[tuple[str, str]] = []
+    if body is not None:
+        headers.extend((str(k), str(v)) for k, v in body.headers)
+    headers.extend(extra)
+    return headers
+
+
+def request_for(
+    target: str,
+    body: EncodedBody | None,
+    *,
+    host: str = "localhost",
+    method: str = "POST",
+    headers: Iterable[tuple[str, str]] = (),
+) -> h11.Request:
+    """An ``h11.Request`` head for ``body`` (its framing headers included)."""
+    extra = [("Host", host), *headers]
+    if body is None and method == "POST":
+        extra.append(("Content-Length", "0"))
+    return h11.Request(method=method, target=target, headers=_header_list(body, extra))
+
+
+def response_for(
+    status: int, body: EncodedBody | None, *, headers: Iterable[tuple[str, str]] = ()
+) -> h11.Response:
+    """An ``h11.Response`` head for ``body`` (its framing headers included)."""
+    return h11.Response(status_code=status, headers=_header_list(body, headers))
+
+
+def error_response(
+    error: ProtocolError | str, status: int | None = None
+) -> tuple[h11.Response, bytes]:
+    """A V2 error response: the head and the ``{"error": "..."}`` body.
+
+    The status is ``status``, else the error's ``status_hint``, else 400.
+    """
+    if isinstance(error, ProtocolError):
+        message = str(error)
+        code = status if status is not None else error.status_hint
+    else:
+        message = error
+        code = status if status is not None else 400
+    payload = json.dumps({"error": message}).encode()
+    head = h11.Response(
+        status_code=code,
+        headers=[("Content-Type", "application/json"), ("Content-Length", str(len(payload)))],
+    )
+    return head, payload
+
+
+def json_response(payload: Any, status: int = 200) -> tuple[h11.Response, bytes]:
+    """A JSON response: the head and the encoded body."""
+    data = json.dumps(payload).encode()
+    head = h11.Response(
+        status_code=status,
+        headers=[("Content-Type", "application/json"), ("Content-Length", str(len(data)))],
+    )
+    return head, data
+
+
+def error_message(status: int, body: bytes) -> HTTPError:
+    """An :class:`HTTPError` from an error response's status and body."""
+    message = body.decode("utf-8", "replace")
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        pass
+    else:
+        if isinstance(obj, dict) and isinstance(obj.get("error"), str):
+            message = obj["error"]
+    return HTTPError(status, message)
+
+
+def receive_body_into(
+    sock: socket.socket,
+    conn: h11.Connection,
+    parser: Parser,
+    assembler: binproto.TensorAssembler,
+    *,
+    chunk_size: int = 1 << 16,
+) -> None:
+    """Receive a body into ``assembler`` over a blocking socket, zero-copy.
+
+    Call after ``conn`` returned the message head and ``parser`` was built for
+    it (:func:`parser_for`). Bytes h11 has already buffered go through h11
+    first. After that, for a ``Content-Length`` body without a content
+    encoding, binary tensor bytes go from the kernel straight into the tensor's
+    memory with ``recv_into`` (see :meth:`binproto.Parser.next_tensor_region`);
+    everything else is read in pieces of ``chunk_size``. Returns when the
+    message is complete; raises :class:`binproto.RemoteProtocolError` on a bad
+    body or a peer that closed early.
+
+    h11 never sees the bytes read this way, so ``conn`` cannot go on to the
+    next request/response cycle: start a new ``h11.Connection`` for it.
+    """
+    from binproto import NEED_DATA, MessageComplete
+
+    def drain() -> bool:
+        while True:
+            event = parser.next_event()
+            if event is NEED_DATA:
+                return False
+            assembler.feed(event)
+            if type(event) is MessageComplete:
+                return True
+
+    # First what h11 holds already.
+    delivered = 0
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            break
+        if type(event) is h11.Data:
+            delivered += len(event.data)
+            parser.receive_data(event.data)
+            if drain():
+                return
+        elif type(event) is h11.EndOfMessage:
+            parser.receive_data(b"")
+            if not drain():
+                raise RemoteProtocolError("the body ended early", offset=parser.bytes_parsed)
+            return
+        else:
+            raise RemoteProtocolError(f"unexpected HTTP event {type(event).__name__}")
+    content_length = parser.content_length
+    if content_length is None:
+        # Chunked or compressed framing: h11 must see every byte.
+        while True:
+            data = sock.recv(chunk_size)
+            conn.receive_data(data)
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    break
+                if type(event) is h11.Data:
+                    parser.receive_data(event.data)
+                elif type(event) is h11.EndOfMessage:
+                    parser.receive_data(b"")
+                else:
+                    raise RemoteProtocolError("the connection closed in the body")
+                if drain():
+                    return
+    remaining = content_length - delivered
+    scratch = bytearray(chunk_size)
+    while remaining:
+        region = parser.next_tensor_region()
+        if region is not None:
+            index, offset, count = region
+            view = assembler.target(index)[offset : offset + min(count, remaining)]
+        else:
+            view = memoryview(scratch)[: min(chunk_size, remaining)]
+        n = sock.recv_into(view)
+        if not n:
+            parser.receive_data(b"")
+            drain()
+            raise RemoteProtocolError("the connection closed in the body")
+        remaining -= n
+        parser.receive_data(view[:n])
+        if drain():
+            return
+    if not drain():
+        raise RemoteProtocolError("the body ended early", offset=parser.bytes_parsed)

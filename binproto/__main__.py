@@ -1,0 +1,80 @@
+"""The ``binproto`` command line: ``python -m binproto <command> ...``.
+
+Commands are argparse subcommands; each registers itself with a function
+``add_<name>(subparsers)`` that sets ``func`` on its parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["build_parser", "main"]
+
+
+def _serve(args: argparse.Namespace) -> int:
+    def ready(port: int) -> None:
+        print(f"binproto: serving V2 on http://{args.host}:{port}", flush=True)
+
+    if args.backend == "trio":
+        try:
+            from binproto.adapters import trio as trio_adapter  # type: ignore[attr-defined]
+        except ImportError as exc:
+            print(f"binproto: the trio backend is not available: {exc}", file=sys.stderr)
+            return 2
+        serve_trio: Any = trio_adapter.serve
+        import trio
+
+        trio.run(lambda: serve_trio(host=args.host, port=args.port, ready=ready))
+        return 0
+
+    import asyncio
+
+    from binproto.adapters.asyncio import serve
+
+    try:
+        asyncio.run(serve(host=args.host, port=args.port, zero_copy=not args.streams, ready=ready))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def add_serve(subparsers: Any) -> None:
+    """Register ``serve``: run the V2 reference server with the ``echo`` model."""
+    p = subparsers.add_parser(
+        "serve",
+        help="run a V2 inference server with the built-in echo model",
+        description="Run a V2 (KServe / Triton) HTTP server with the built-in 'echo' model:"
+        " each input comes back as the output of the same name.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks one)")
+    p.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+    p.add_argument(
+        "--streams",
+        action="store_true",
+        help="asyncio: read through asyncio streams instead of receiving tensors in place",
+    )
+    p.set_defaults(func=_serve)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand registered."""
+    parser = argparse.ArgumentParser(prog="binproto", description=__doc__.splitlines()[0])
+    subparsers = parser.add_subparsers(dest="command", metavar="command")
+    subparsers.required = True
+    add_serve(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``binproto`` console script."""
+    args = build_parser().parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())
