@@ -1,0 +1,434 @@
+"""binproto over ASGI: parse request bodies as they arrive, stream encoded responses.
+
+This module works on the raw ASGI ``receive`` / ``send`` callables, so it fits
+any ASGI server (uvicorn, hypercorn, ...) and framework. Starlette is optional:
+when it is installed, the response classes here are also Starlette
+``Response`` objects, so a FastAPI or Starlette endpoint can return them.
+
+Reading a request::
+
+    async def app(scope, receive, send):
+        try:
+            request = await read_request(scope, receive)   # or iter_events(...)
+        except binproto.ProtocolError as exc:
+            await error_response(exc)(scope, receive, send)
+            return
+        body = binproto.encode_response(outputs, model_name="m", request=request.header)
+        await EncodedResponse(body)(scope, receive, send)
+
+With Starlette or FastAPI, pass ``request.scope`` and ``request.stream()`` (or
+``request.receive``) instead of ``scope`` and ``receive``.
+
+Sending: each buffer of an encoded body goes out as its own
+``http.response.body`` message (``more_body=True``), as a ``memoryview`` of the
+caller's memory; nothing is joined. A buffer larger than ``chunk_size`` is sent
+as several views of it, so a server that keeps what the socket did not take
+(asyncio on Python < 3.12 copies it into its write buffer) holds at most that
+much extra per message.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+    MutableMapping,
+)
+from typing import TYPE_CHECKING, Any
+
+import binproto
+from binproto import (
+    DecodedMessage,
+    Event,
+    Limits,
+    MessageComplete,
+    Parser,
+    ParserState,
+    ProtocolError,
+    RemoteProtocolError,
+    TensorAssembler,
+)
+from binproto._assemble import Destinations
+from binproto._http import header_value
+from binproto._parser import as_byte_view
+
+if TYPE_CHECKING:
+    from starlette.background import BackgroundTask
+    from starlette.responses import Response as _ResponseBase
+
+    from binproto import BodyWriter, EncodedBody
+else:
+    try:
+        from starlette.responses import Response as _ResponseBase
+    except ImportError:  # Starlette is optional: plain ASGI applications then.
+        _ResponseBase = object
+
+__all__ = [
+    "CHUNK_SIZE",
+    "BodySource",
+    "BufferResponse",
+    "EncodedResponse",
+    "Message",
+    "Receive",
+    "Scope",
+    "Send",
+    "WriterResponse",
+    "body_chunks",
+    "error_response",
+    "iter_events",
+    "parser_from_scope",
+    "read_request",
+    "send_buffers",
+]
+
+#: An ASGI message, connection scope, and the two callables (as in the ASGI spec).
+Message = MutableMapping[str, Any]
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+#: Where body bytes come from: an ASGI ``receive`` callable, or an async
+#: iterable of bytes such as Starlette's ``request.stream()``.
+BodySource = Receive | AsyncIterable[Any]
+
+#: The largest view of a buffer sent in one ``http.response.body`` message.
+CHUNK_SIZE = 1 << 20
+
+
+# -- reading ------------------------------------------------------------------------
+
+
+def _scope_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
+    return list(scope.get("headers", ()))
+
+
+def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    text = header_value(headers, "content-length")
+    if text is None:
+        return None
+    if not (text.isascii() and text.isdigit()) or len(text) > 20:
+        raise RemoteProtocolError(f"invalid Content-Length: {text!r}")
+    return int(text)
+
+
+def parser_from_scope(
+    scope: Scope, *, limits: Limits | None = None, strict_bool: bool = True
+) -> Parser:
+    """A request :class:`binproto.Parser` configured from an ASGI HTTP scope.
+
+    ``Inference-Header-Content-Length``, ``Content-Length`` and (when the core
+    supports it) ``Content-Encoding`` come from ``scope["headers"]``. Raises
+    :class:`binproto.RemoteProtocolError` for bad values of those headers (a
+    content encoding binproto cannot decode has status hint 415).
+    """
+    headers = _scope_headers(scope)
+    content_length = _content_length(headers)
+    options: dict[str, Any] = {}
+    encoding_from = getattr(binproto, "content_encoding_from", None)
+    if encoding_from is not None:
+        encoding = encoding_from(headers)
+        if encoding is not None:
+            options["content_encoding"] = encoding
+    else:
+        encoding = header_value(headers, "content-encoding")
+        if encoding not in (None, "", "identity"):
+            raise RemoteProtocolError(
+                f"unsupported Content-Encoding: {encoding!r}", status_hint=415
+            )
+    # With a content encoding, Content-Length counts the compressed bytes, not
+    # the body the parser sees.
+    body_length = None if options else content_length
+    header_length = binproto.header_length_from(headers, content_length=body_length)
+    return Parser(
+        "request",
+        header_length=header_length,
+        content_length=body_length,
+        limits=limits,
+        strict_bool=strict_bool,
+        **options,
+    )
+
+
+async def body_chunks(receive: Receive) -> AsyncIterator[bytes]:
+    """Yield the request body's bytes from ASGI ``http.request`` messages.
+
+    Ends after the message with ``more_body`` false. A client that disconnects
+    first is a :class:`binproto.RemoteProtocolError`: the body is incomplete.
+    """
+    received = 0
+    while True:
+        message = await receive()
+        kind = message.get("type")
+        if kind == "http.request":
+            body = message.get("body", b"")
+            if body:
+                received += len(body)
+                yield body
+            if not message.get("more_body", False):
+                return
+        elif kind == "http.disconnect":
+            raise RemoteProtocolError(
+                "the client disconnected before the end of the body", offset=received
+            )
+
+
+async def iter_events(
+    scope: Scope,
+    source: BodySource,
+    *,
+    parser: Parser | None = None,
+    limits: Limits | None = None,
+    strict_bool: bool = True,
+) -> AsyncIterator[Event]:
+    """Parse a request body as it arrives; yield each event.
+
+    ``source`` is the ASGI ``receive`` callable or an async iterable of bytes
+    (Starlette's ``request.stream()``). The parser comes from
+    :func:`parser_from_scope` unless one is given. Only the next chunk is read
+    while the consumer holds an event, so memory stays bounded by the chunk
+    size plus what the consumer keeps. A :class:`~binproto.TensorChunk`'s data
+    is valid until the next event is requested. Raises
+    :class:`binproto.RemoteProtocolError` for a bad or incomplete body.
+    """
+    if parser is None:
+        parser = parser_from_scope(scope, limits=limits, strict_bool=strict_bool)
+    chunks = body_chunks(source) if callable(source) else source
+    async for chunk in chunks:
+        if not len(chunk):
+            continue  # Starlette's stream() ends with b"": not the end mark.
+        parser.receive_data(chunk)
+        for event in parser.events():
+            yield event
+    if parser.state is not ParserState.DONE:
+        parser.receive_data(b"")
+        for event in parser.events():
+            yield event
+    if parser.state is not ParserState.DONE:  # pragma: no cover - the parser raises first
+        raise RemoteProtocolError("the body ended early", offset=parser.bytes_parsed)
+
+
+async def read_request(
+    scope: Scope,
+    source: BodySource,
+    *,
+    destinations: Destinations = None,
+    limits: Limits | None = None,
+    strict_bool: bool = True,
+) -> DecodedMessage:
+    """Read a whole request body into numpy arrays, as it arrives.
+
+    Each binary tensor's bytes are copied once, from the received chunks into
+    the tensor's own memory (or into ``destinations``, as with
+    :class:`binproto.TensorAssembler`); the body is never held whole. Returns
+    the header and the tensors by name.
+    """
+    assembler = TensorAssembler(destinations)
+    async for event in iter_events(scope, source, limits=limits, strict_bool=strict_bool):
+        assembler.feed(event)
+        if type(event) is MessageComplete:
+            break
+    assert assembler.header is not None
+    return DecodedMessage(
+        header=assembler.header,
+        tensors=assembler.tensors,
+        shared_memory=tuple(assembler.shared_memory),
+    )
+
+
+# -- sending ------------------------------------------------------------------------
+
+
+def _raw_headers(headers: Iterable[tuple[Any, Any]]) -> list[tuple[bytes, bytes]]:
+    out = []
+    for name, value in headers:
+        key = name if isinstance(name, bytes) else str(name).encode("latin-1")
+        val = value if isinstance(value, bytes) else str(value).encode("latin-1")
+        out.append((key.lower(), val))
+    return out
+
+
+def _pieces(buffer: Any, chunk_size: int) -> Iterable[memoryview]:
+    view = as_byte_view(buffer)
+    if len(view) <= chunk_size:
+        if len(view):
+            yield view
+        return
+    for start in range(0, len(view), chunk_size):
+        yield view[start : start + chunk_size]
+
+
+async def send_buffers(
+    send: Send,
+    buffers: Iterable[Any],
+    *,
+    status: int = 200,
+    headers: Iterable[tuple[Any, Any]] = (),
+    chunk_size: int = CHUNK_SIZE,
+) -> None:
+    """Send a whole response: its start, then each buffer as its own body message.
+
+    ``headers`` must include the framing (``Content-Length``); the buffers are
+    sent as byte views of the caller's memory (views of at most ``chunk_size``
+    bytes), never joined.
+    """
+    await send({"type": "http.response.start", "status": status, "headers": _raw_headers(headers)})
+    for buffer in buffers:
+        for piece in _pieces(buffer, chunk_size):
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class BufferResponse(_ResponseBase):
+    """An ASGI response made of buffers sent one message each, never joined.
+
+    Call it as an ASGI application (``await response(scope, receive, send)``).
+    When Starlette is installed it is also a Starlette ``Response``, so a
+    FastAPI or Starlette endpoint may return it; ``headers``, ``background``
+    and ``status_code`` work as there.
+
+    Args:
+        buffers: the body, as bytes-like objects, in order.
+        status_code: the HTTP status.
+        headers: the response headers; they must frame the body
+            (``Content-Length``) and give its ``Content-Type``.
+        background: a task to run after the response is sent (Starlette).
+        chunk_size: the largest view sent in one message.
+    """
+
+    def __init__(
+        self,
+        buffers: Iterable[Any],
+        status_code: int = 200,
+        headers: Iterable[tuple[Any, Any]] | Mapping[str, str] = (),
+        *,
+        background: BackgroundTask | None = None,
+        chunk_size: int = CHUNK_SIZE,
+    ) -> None:
+        items = headers.items() if isinstance(headers, Mapping) else headers
+        self.buffers = list(buffers)
+        self.status_code = status_code
+        self.raw_headers = _raw_headers(items)
+        self.background = background
+        self.chunk_size = chunk_size
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Send the response (an ASGI application)."""
+        await send_buffers(
+            send,
+            self.buffers,
+            status=self.status_code,
+            headers=self.raw_headers,
+            chunk_size=self.chunk_size,
+        )
+        if self.background is not None:
+            await self.background()
+
+
+class EncodedResponse(BufferResponse):
+    """A response carrying an encoded body (:func:`binproto.encode_response`).
+
+    The body's own headers (``Content-Length``, ``Content-Type`` and, when a
+    tensor is binary, ``Inference-Header-Content-Length``) come first, then
+    ``headers``. Each of ``body.buffers`` is sent as it is: the JSON header,
+    then the tensors' memory.
+    """
+
+    def __init__(
+        self,
+        body: EncodedBody,
+        status_code: int = 200,
+        headers: Iterable[tuple[Any, Any]] | Mapping[str, str] = (),
+        *,
+        background: BackgroundTask | None = None,
+        chunk_size: int = CHUNK_SIZE,
+    ) -> None:
+        items = list(headers.items() if isinstance(headers, Mapping) else headers)
+        super().__init__(
+            body.buffers,
+            status_code,
+            [*body.headers, *items],
+            background=background,
+            chunk_size=chunk_size,
+        )
+        self.encoded = body
+
+
+#: Tensor data for a :class:`WriterResponse`: ``(index or name, buffer)`` pairs.
+TensorPieces = AsyncIterable[tuple[int | str, Any]] | Iterable[tuple[int | str, Any]]
+
+
+class WriterResponse(_ResponseBase):
+    """A response whose tensor data is produced while it is sent.
+
+    ``writer`` is a :class:`binproto.BodyWriter` for the response header;
+    ``pieces`` yields ``(index, buffer)`` pairs in body order (sync or async;
+    the index of the tensor in the header, or its name):
+    each buffer is checked by ``writer.send`` and sent as views of the same
+    memory. After the last piece, ``writer.end()`` checks that every tensor got
+    exactly its declared size; a producer that sends too much or too little
+    raises :class:`binproto.LocalProtocolError` (the response is then cut
+    short, so the client sees an incomplete body, never a wrong one).
+    """
+
+    def __init__(
+        self,
+        writer: BodyWriter,
+        pieces: TensorPieces,
+        status_code: int = 200,
+        headers: Iterable[tuple[Any, Any]] | Mapping[str, str] = (),
+        *,
+        background: BackgroundTask | None = None,
+        chunk_size: int = CHUNK_SIZE,
+    ) -> None:
+        items = list(headers.items() if isinstance(headers, Mapping) else headers)
+        self.writer = writer
+        self.pieces = pieces
+        self.status_code = status_code
+        self.raw_headers = _raw_headers([*writer.headers, *items])
+        self.background = background
+        self.chunk_size = chunk_size
+
+    async def _iter_pieces(self) -> AsyncIterator[tuple[int | str, Any]]:
+        pieces = self.pieces
+        if isinstance(pieces, AsyncIterable):
+            async for item in pieces:
+                yield item
+        else:
+            for item in pieces:
+                yield item
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Send the response (an ASGI application)."""
+        writer = self.writer
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        start = writer.start()
+        await send({"type": "http.response.body", "body": start, "more_body": True})
+        async for index, data in self._iter_pieces():
+            for piece in _pieces(writer.send(index, data), self.chunk_size):
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+        writer.end()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if self.background is not None:
+            await self.background()
+
+
+def error_response(error: BaseException | str, status: int | None = None) -> BufferResponse:
+    """A V2 error response: ``{"error": "..."}`` as JSON.
+
+    The status is ``status``, else a :class:`binproto.ProtocolError`'s
+    ``status_hint``, else 400.
+    """
+    if isinstance(error, ProtocolError):
+        code = status if status is not None else error.status_hint
+    else:
+        code = status if status is not None else 400
+    payload = json.dumps({"error": str(error)}).encode()
+    headers = [("content-type", "application/json"), ("content-length", str(len(payload)))]
+    return BufferResponse([payload], code, headers)

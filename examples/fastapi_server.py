@@ -1,0 +1,151 @@
+"""A V2 inference server on FastAPI that speaks the binary tensor data extension.
+
+Run it::
+
+    pip install -e ".[asgi]" fastapi uvicorn
+    python examples/fastapi_server.py --port 8000        # serves 127.0.0.1:8000
+
+or ``uvicorn examples.fastapi_server:app``. It serves:
+
+- ``POST /v2/models/{name}[/versions/{version}]/infer``: the request body is
+  parsed as it arrives (binary tensors are copied once, into their arrays);
+  the response streams the output arrays' own memory, unjoined.
+- ``GET /v2`` (server metadata, with ``"extensions": ["binary_tensor_data"]``),
+  ``GET /v2/health/live``, ``GET /v2/health/ready``,
+  ``GET /v2/models/{name}`` and ``GET /v2/models/{name}/ready``.
+
+Models are plain functions from the request's tensors to output tensors. The
+built-in ``echo`` model returns each input as the output of the same name (only
+the outputs the request lists, when it lists any); the response follows the
+request's output policy (``binary_data_output`` and each output's
+``binary_data``). Errors are V2 error bodies ``{"error": "..."}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+import binproto
+from binproto.adapters.asgi import EncodedResponse, error_response, read_request
+
+Tensors = dict[str, np.ndarray[Any, Any]]
+#: A model: the request header and its input tensors in, output tensors out.
+Model = Callable[[binproto.InferenceHeader, Tensors], Tensors]
+
+
+def echo(header: binproto.InferenceHeader, inputs: Tensors) -> Tensors:
+    """Each input comes back as the output of the same name (the same array)."""
+    if header.requested_outputs is None:
+        return inputs
+    outputs: Tensors = {}
+    for requested in header.requested_outputs:
+        if requested.name not in inputs:
+            raise binproto.RemoteProtocolError(
+                f"unexpected inference output '{requested.name}' for model"
+                f" '{header.model_name or 'echo'}'"
+            )
+        outputs[requested.name] = inputs[requested.name]
+    return outputs
+
+
+MODELS: dict[str, Model] = {"echo": echo}
+
+app = FastAPI(title="binproto example server")
+
+
+def _unknown_model(name: str) -> Response:
+    return error_response(f"Request for unknown model: '{name}' is not found", 404)
+
+
+@app.get("/v2")
+async def server_metadata() -> dict[str, Any]:
+    """Server metadata: this server implements the binary tensor data extension."""
+    return {
+        "name": "binproto-fastapi",
+        "version": binproto.__version__,
+        "extensions": ["binary_tensor_data"],
+    }
+
+
+@app.get("/v2/health/live")
+async def live() -> Response:
+    """Liveness: 200 while the server runs."""
+    return Response(status_code=200)
+
+
+@app.get("/v2/health/ready")
+async def ready() -> Response:
+    """Readiness: 200 once every model is loaded (they are built in)."""
+    return Response(status_code=200)
+
+
+@app.get("/v2/models/{name}/ready")
+@app.get("/v2/models/{name}/versions/{version}/ready")
+async def model_ready(name: str, version: str | None = None) -> Response:
+    """Model readiness: 200 for a known model, else 404."""
+    return Response(status_code=200) if name in MODELS else _unknown_model(name)
+
+
+@app.get("/v2/models/{name}")
+@app.get("/v2/models/{name}/versions/{version}")
+async def model_metadata(name: str, version: str | None = None) -> Response:
+    """Model metadata (the echo model takes any tensors: no fixed inputs)."""
+    if name not in MODELS:
+        return _unknown_model(name)
+    return JSONResponse(
+        {"name": name, "versions": ["1"], "platform": "python", "inputs": [], "outputs": []}
+    )
+
+
+@app.post("/v2/models/{name}/infer")
+@app.post("/v2/models/{name}/versions/{version}/infer")
+async def infer(name: str, request: Request, version: str | None = None) -> Response:
+    """Run model ``name`` on the request's tensors; answer with the output policy applied."""
+    model = MODELS.get(name)
+    if model is None:
+        return _unknown_model(name)
+    try:
+        decoded = await read_request(request.scope, request.stream())
+        if decoded.shared_memory:
+            raise binproto.RemoteProtocolError(
+                f"shared memory inputs are not supported: {list(decoded.shared_memory)}"
+            )
+        outputs = model(decoded.header, decoded.tensors)
+        body = binproto.encode_response(
+            outputs,
+            model_name=name,
+            model_version=version,
+            id=decoded.header.id,
+            request=decoded.header,
+        )
+    except binproto.ProtocolError as exc:
+        return error_response(exc)
+    return EncodedResponse(body)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve the app with uvicorn on 127.0.0.1 (or on an inherited listening socket)."""
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description="binproto FastAPI example server")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--fd", type=int, help="serve on this inherited listening socket")
+    args = parser.parse_args(argv)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
+    server = uvicorn.Server(config)
+    if args.fd is None:
+        server.run()
+    else:
+        server.run(sockets=[socket.socket(fileno=args.fd)])
+
+
+if __name__ == "__main__":
+    main()

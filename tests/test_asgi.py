@@ -1,0 +1,489 @@
+"""The ASGI adapter: raw ASGI callables, Starlette streams, and the FastAPI example
+under uvicorn called by the real tritonclient (sync and aio)."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import itertools
+import json
+from collections.abc import Iterator, MutableMapping
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as triton_http
+import tritonclient.http.aio as triton_aio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from starlette.requests import Request
+from tritonclient.utils import InferenceServerException
+
+import binproto
+from binproto.adapters import asgi
+from tests.example_server import Server, run_example_server
+from tests.helpers import arrays_equal, make_body
+
+MiB = 1 << 20
+
+# -- raw ASGI -------------------------------------------------------------------------
+
+
+def scope_for(headers: list[tuple[str, str]]) -> dict[str, Any]:
+    """An ASGI HTTP scope carrying ``headers`` (lower-cased, as servers give them)."""
+    raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+    return {"type": "http", "method": "POST", "path": "/", "headers": raw}
+
+
+def receiver(chunks: list[bytes], *, disconnect: bool = False) -> asgi.Receive:
+    """An ASGI receive callable delivering ``chunks`` (then a disconnect, if asked)."""
+    messages: list[dict[str, Any]] = [
+        {"type": "http.request", "body": c, "more_body": disconnect or i < len(chunks) - 1}
+        for i, c in enumerate(chunks)
+    ]
+    if disconnect:
+        messages.append({"type": "http.disconnect"})
+    queue = iter(messages)
+
+    async def receive() -> dict[str, Any]:
+        return next(queue)
+
+    return receive
+
+
+def sample_inputs() -> dict[str, Any]:
+    return {
+        "fp32": np.arange(12, dtype=np.float32).reshape(3, 4),
+        "int64": np.array([-(2**40), 7], dtype=np.int64),
+        "bool": np.array([True, False, True]),
+        "text": np.array([b"a", b"", b"\xff\x00"], dtype=object),
+        "empty": np.zeros((0, 3), dtype=np.uint16),
+    }
+
+
+def encoded() -> tuple[binproto.EncodedBody, bytes]:
+    body = binproto.encode_request(sample_inputs())
+    return body, bytes(body)
+
+
+def split_at(data: bytes, size: int) -> list[bytes]:
+    return [data[i : i + size] for i in range(0, len(data), size)] or [b""]
+
+
+def check_decoded(msg: binproto.DecodedMessage) -> None:
+    expected = sample_inputs()
+    assert set(msg.tensors) == set(expected)
+    for name, arr in expected.items():
+        assert arrays_equal(msg.tensors[name], np.asarray(arr)), name
+
+
+@pytest.mark.parametrize("size", [1, 3, 64, 10**9])
+def test_read_request_any_chunking(size: int) -> None:
+    body, data = encoded()
+    msg = asyncio.run(asgi.read_request(scope_for(body.headers), receiver(split_at(data, size))))
+    check_decoded(msg)
+    assert msg.header.kind == "request"
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=4000), max_size=6))
+def test_read_request_hypothesis_splits(cuts: list[int]) -> None:
+    body, data = encoded()
+    points = sorted({c for c in cuts if c < len(data)})
+    edges = [0, *points, len(data)]
+    chunks = [data[a:b] for a, b in itertools.pairwise(edges)]
+    msg = asyncio.run(asgi.read_request(scope_for(body.headers), receiver(chunks)))
+    check_decoded(msg)
+
+
+def test_iter_events_same_as_parser() -> None:
+    body, data = encoded()
+
+    async def collect() -> list[binproto.Event]:
+        events = []
+        async for ev in asgi.iter_events(scope_for(body.headers), receiver(split_at(data, 5))):
+            events.append(ev)
+        return events
+
+    got = asyncio.run(collect())
+    parser = binproto.Parser("request", header_length=body.header_length)
+    parser.receive_data(data)
+    parser.receive_data(b"")
+    want = list(parser.events())
+    assert type(got[0]) is binproto.HeaderParsed
+    assert type(got[-1]) is binproto.MessageComplete
+    merged = [bytes(e.data) for e in got if type(e) is binproto.TensorChunk]
+    assert b"".join(merged) == b"".join(
+        bytes(e.data) for e in want if type(e) is binproto.TensorChunk
+    )
+
+
+def test_starlette_request_stream_and_receive() -> None:
+    body, data = encoded()
+    scope = scope_for(body.headers)
+
+    async def both() -> tuple[binproto.DecodedMessage, binproto.DecodedMessage]:
+        request = Request(scope, receiver(split_at(data, 100)))
+        a = await asgi.read_request(request.scope, request.stream())
+        request = Request(scope, receiver(split_at(data, 100)))
+        b = await asgi.read_request(request.scope, request.receive)
+        return a, b
+
+    for msg in asyncio.run(both()):
+        check_decoded(msg)
+
+
+def test_json_only_body_without_header_length() -> None:
+    body = binproto.encode_request({"x": np.array([1, 2, 3], dtype=np.int32)}, binary=False)
+    assert body.header_length is None
+    msg = asyncio.run(asgi.read_request(scope_for(body.headers), receiver([bytes(body)])))
+    assert msg.tensors["x"].tolist() == [1, 2, 3]
+
+
+def test_chunked_body_without_content_length() -> None:
+    body, data = encoded()
+    headers = [(k, v) for k, v in body.headers if k.lower() != "content-length"]
+    msg = asyncio.run(asgi.read_request(scope_for(headers), receiver(split_at(data, 7))))
+    check_decoded(msg)
+
+
+def fails(scope: dict[str, Any], receive: asgi.Receive) -> binproto.RemoteProtocolError:
+    with pytest.raises(binproto.RemoteProtocolError) as info:
+        asyncio.run(asgi.read_request(scope, receive))
+    return info.value
+
+
+def test_disconnect_mid_body() -> None:
+    body, data = encoded()
+    err = fails(scope_for(body.headers), receiver([data[:50]], disconnect=True))
+    assert err.status_hint == 400
+    assert err.offset == 50
+    assert "disconnected" in str(err)
+
+
+def test_body_shorter_than_declared() -> None:
+    body, data = encoded()
+    headers = [(k, v) for k, v in body.headers if k.lower() != "content-length"]
+    err = fails(scope_for(headers), receiver([data[:-3]]))
+    assert err.status_hint == 400
+    assert "expecting 3 additional bytes" in str(err)
+
+
+def test_body_longer_than_declared() -> None:
+    body, data = encoded()
+    headers = [(k, v) for k, v in body.headers if k.lower() != "content-length"]
+    err = fails(scope_for(headers), receiver([data, b"xx"]))
+    assert "additional" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "status"),
+    [
+        ("Inference-Header-Content-Length", "abc", 400),
+        ("Inference-Header-Content-Length", "999999", 400),
+        ("Content-Length", "12x", 400),
+        ("Content-Encoding", "br", 415),
+    ],
+)
+def test_bad_framing_headers(name: str, value: str, status: int) -> None:
+    body, data = encoded()
+    headers = [(k, v) for k, v in body.headers if k.lower() != name.lower()]
+    headers.append((name, value))
+    err = fails(scope_for(headers), receiver([data]))
+    assert err.status_hint == status
+
+
+def test_gzip_request_body() -> None:
+    if getattr(binproto, "content_encoding_from", None) is None:
+        pytest.skip("the core has no content encoding support")
+    body, data = encoded()
+    packed = gzip.compress(data)
+    headers = [(k, v) for k, v in body.headers if k.lower() != "content-length"]
+    headers += [("Content-Length", str(len(packed))), ("Content-Encoding", "gzip")]
+    msg = asyncio.run(asgi.read_request(scope_for(headers), receiver(split_at(packed, 33))))
+    check_decoded(msg)
+
+
+def test_limits_apply() -> None:
+    body, data = encoded()
+    limits = binproto.Limits(max_tensor_bytes=8)
+    with pytest.raises(binproto.RemoteProtocolError) as info:
+        asyncio.run(asgi.read_request(scope_for(body.headers), receiver([data]), limits=limits))
+    assert info.value.status_hint == 413
+
+
+def test_destinations_receive_the_tensor() -> None:
+    body, data = encoded()
+    dest = np.empty((3, 4), dtype=np.float32)
+    msg = asyncio.run(
+        asgi.read_request(
+            scope_for(body.headers), receiver(split_at(data, 9)), destinations={"fp32": dest}
+        )
+    )
+    assert msg.tensors["fp32"] is dest
+    assert dest.tolist() == sample_inputs()["fp32"].tolist()
+
+
+# -- sending --------------------------------------------------------------------------
+
+
+class Recorder:
+    """An ASGI send callable that keeps every message."""
+
+    def __init__(self) -> None:
+        self.messages: list[MutableMapping[str, Any]] = []
+
+    async def __call__(self, message: MutableMapping[str, Any]) -> None:
+        self.messages.append(message)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {k.decode(): v.decode() for k, v in self.messages[0]["headers"]}
+
+    @property
+    def bodies(self) -> list[Any]:
+        return [m["body"] for m in self.messages[1:]]
+
+    def body(self) -> bytes:
+        return b"".join(bytes(b) for b in self.bodies)
+
+
+async def _no_receive() -> dict[str, Any]:  # pragma: no cover - never called
+    raise AssertionError("a response does not read the request")
+
+
+def test_encoded_response_sends_each_buffer_unjoined() -> None:
+    a = np.arange(1000, dtype=np.float32)
+    b = np.arange(10, dtype=np.int64)
+    body = binproto.encode_response({"a": a, "b": b}, model_name="m")
+    rec = Recorder()
+    response = asgi.EncodedResponse(body, headers={"x-extra": "1"})
+    asyncio.run(response({"type": "http"}, _no_receive, rec))
+    assert rec.messages[0]["type"] == "http.response.start"
+    assert rec.messages[0]["status"] == 200
+    headers = rec.headers
+    assert headers["content-length"] == str(body.content_length)
+    assert headers["inference-header-content-length"] == str(body.header_length)
+    assert headers["content-type"] == "application/octet-stream"
+    assert headers["x-extra"] == "1"
+    bodies = rec.bodies
+    # The JSON header, each tensor, then the end of the body.
+    assert len(bodies) == 4
+    assert all(m["more_body"] for m in rec.messages[1:-1])
+    assert rec.messages[-1]["more_body"] is False and bodies[-1] == b""
+    # The tensor messages are the arrays' own memory.
+    assert np.shares_memory(np.frombuffer(bodies[1], dtype=np.uint8), a)
+    assert np.shares_memory(np.frombuffer(bodies[2], dtype=np.uint8), b)
+    assert rec.body() == bytes(body)
+    decoded = binproto.decode_response(rec.body(), header_length=body.header_length)
+    assert decoded.tensors["a"].tolist() == a.tolist()
+
+
+def test_large_buffer_is_sent_as_bounded_views() -> None:
+    a = np.arange(3 * MiB // 4 + 5, dtype=np.float32)
+    body = binproto.encode_response({"a": a}, model_name="m")
+    rec = Recorder()
+    asyncio.run(asgi.EncodedResponse(body, chunk_size=MiB)({"type": "http"}, _no_receive, rec))
+    sizes = [len(b) for b in rec.bodies]
+    assert sizes[1:-1] == [MiB, MiB, MiB, 20]
+    for piece in rec.bodies[1:-1]:
+        assert np.shares_memory(np.frombuffer(piece, dtype=np.uint8), a)
+    assert rec.body() == bytes(body)
+
+
+def test_error_response_uses_the_status_hint() -> None:
+    rec = Recorder()
+    err = binproto.RemoteProtocolError("too big", status_hint=413, offset=3)
+    asyncio.run(asgi.error_response(err)({"type": "http"}, _no_receive, rec))
+    assert rec.messages[0]["status"] == 413
+    assert json.loads(rec.body()) == {"error": "too big (at byte 3)"}
+    assert rec.headers["content-type"] == "application/json"
+    assert rec.headers["content-length"] == str(len(rec.body()))
+    rec = Recorder()
+    asyncio.run(asgi.error_response("nope", 404)({"type": "http"}, _no_receive, rec))
+    assert rec.messages[0]["status"] == 404
+    assert json.loads(rec.body()) == {"error": "nope"}
+
+
+def test_fastapi_can_return_the_responses() -> None:
+    from starlette.responses import Response
+
+    body = binproto.encode_response({"a": np.zeros(2, dtype=np.float32)}, model_name="m")
+    assert isinstance(asgi.EncodedResponse(body), Response)
+    assert isinstance(asgi.error_response("x"), Response)
+
+
+# -- the example app under uvicorn, called by tritonclient -----------------------------
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    with run_example_server() as srv:
+        yield srv
+
+
+def triton_sample(datatype: str) -> np.ndarray[Any, Any]:
+    if datatype == "BYTES":
+        return np.array([b"abc", b"", b"\xff\xfe non-utf8"], dtype=np.object_).reshape(3, 1)
+    if datatype == "BOOL":
+        return np.array([[True, False], [False, True]])
+    dtype = np.dtype(binproto.DATATYPES[datatype].dtype).newbyteorder("=")
+    return (np.arange(6) * 3 - 5).astype(dtype).reshape(2, 3)
+
+
+DATATYPES = ["BOOL", "UINT8", "INT16", "INT32", "INT64", "UINT64", "FP16", "FP32", "FP64", "BYTES"]
+
+
+def host(server: Server) -> str:
+    return server.url.removeprefix("http://")
+
+
+@pytest.mark.parametrize("datatype", DATATYPES)
+@pytest.mark.parametrize("binary", [True, False])
+def test_tritonclient_round_trip(server: Server, datatype: str, binary: bool) -> None:
+    if datatype == "FP16" and not binary:
+        pytest.skip("FP16 has no JSON form")
+    if datatype == "BYTES" and not binary:
+        arr = np.array([b"abc", b"", b"text"], dtype=np.object_)
+    else:
+        arr = triton_sample(datatype)
+    client = triton_http.InferenceServerClient(host(server))
+    inp = triton_http.InferInput("x", list(arr.shape), datatype)
+    inp.set_data_from_numpy(arr, binary_data=binary)
+    out = triton_http.InferRequestedOutput("x", binary_data=binary)
+    result = client.infer("echo", [inp], outputs=[out], request_id="r1")
+    got = result.as_numpy("x")
+    if datatype == "BYTES" and not binary:
+        # tritonclient gives JSON BYTES data back as the strings it read.
+        got = np.array([x.encode() for x in got.ravel()], dtype=np.object_)
+    assert arrays_equal(got, arr)
+    response = result.get_response()
+    assert response["model_name"] == "echo" and response["id"] == "r1"
+    params = response["outputs"][0].get("parameters", {})
+    assert ("binary_data_size" in params) == (binary or datatype == "FP16")
+    client.close()
+
+
+def test_tritonclient_many_inputs_default_outputs(server: Server) -> None:
+    client = triton_http.InferenceServerClient(host(server))
+    inputs = []
+    arrays = {f"t{i}": triton_sample(dt) for i, dt in enumerate(DATATYPES)}
+    arrays["zero"] = np.zeros((0, 4), dtype=np.float32)
+    for (name, arr), dt in zip(arrays.items(), [*DATATYPES, "FP32"], strict=True):
+        inp = triton_http.InferInput(name, list(arr.shape), dt)
+        inp.set_data_from_numpy(arr, binary_data=True)
+        inputs.append(inp)
+    result = client.infer("echo", inputs)  # no outputs: binary_data_output is true
+    for name, arr in arrays.items():
+        assert arrays_equal(result.as_numpy(name), arr), name
+    client.close()
+
+
+def test_tritonclient_server_and_model_endpoints(server: Server) -> None:
+    client = triton_http.InferenceServerClient(host(server))
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    assert client.is_model_ready("echo")
+    assert not client.is_model_ready("nope")
+    meta = client.get_server_metadata()
+    assert "binary_tensor_data" in meta["extensions"]
+    assert client.get_model_metadata("echo")["name"] == "echo"
+    client.close()
+
+
+def test_tritonclient_errors(server: Server) -> None:
+    client = triton_http.InferenceServerClient(host(server))
+    inp = triton_http.InferInput("x", [2], "FP32")
+    inp.set_data_from_numpy(np.ones(2, dtype=np.float32))
+    with pytest.raises(InferenceServerException, match="unknown model"):
+        client.infer("nope", [inp])
+    with pytest.raises(InferenceServerException, match="unexpected inference output 'y'"):
+        client.infer("echo", [inp], outputs=[triton_http.InferRequestedOutput("y")])
+    client.close()
+
+
+def test_malformed_bodies_get_v2_errors(server: Server) -> None:
+    header = {
+        "inputs": [
+            {"name": "x", "shape": [4], "datatype": "FP32", "parameters": {"binary_data_size": 16}}
+        ]
+    }
+    body, hl = make_body(header, b"\0" * 12)  # 4 bytes short of what the header says
+    headers = {
+        "Inference-Header-Content-Length": str(hl),
+        "Content-Type": "application/octet-stream",
+    }
+    with httpx.Client(base_url=server.url) as client:
+        r = client.post("/v2/models/echo/infer", content=body, headers=headers)
+        assert r.status_code == 400
+        assert "16 bytes of binary data" in r.json()["error"]
+        r = client.post("/v2/models/echo/infer", content=b"{not json", headers={})
+        assert r.status_code == 400 and "error" in r.json()
+        r = client.post("/v2/models/echo/infer", content=b"{}", headers={"Content-Encoding": "br"})
+        assert r.status_code == 415
+        # The server keeps serving.
+        assert client.get("/v2/health/ready").status_code == 200
+
+
+def test_tritonclient_gzip_request(server: Server) -> None:
+    if getattr(binproto, "content_encoding_from", None) is None:
+        pytest.skip("the core has no content encoding support")
+    client = triton_http.InferenceServerClient(host(server))
+    arr = np.arange(1000, dtype=np.float32)
+    inp = triton_http.InferInput("x", [1000], "FP32")
+    inp.set_data_from_numpy(arr)
+    result = client.infer("echo", [inp], request_compression_algorithm="gzip")
+    assert arrays_equal(result.as_numpy("x"), arr)
+    client.close()
+
+
+def test_tritonclient_aio(server: Server) -> None:
+    async def go() -> None:
+        client = triton_aio.InferenceServerClient(host(server))
+        try:
+            assert await client.is_server_ready()
+            arrays = {dt: triton_sample(dt) for dt in ("FP32", "INT8", "BYTES", "BOOL")}
+            arrays["INT8"] = np.array([[-1, 2]], dtype=np.int8)
+            inputs = []
+            for dt, arr in arrays.items():
+                inp = triton_aio.InferInput(dt.lower(), list(arr.shape), dt)
+                inp.set_data_from_numpy(arr, binary_data=dt != "INT8")
+                inputs.append(inp)
+            outputs = [
+                triton_aio.InferRequestedOutput(dt.lower(), binary_data=dt != "BOOL")
+                for dt in arrays
+            ]
+            result = await client.infer("echo", inputs, outputs=outputs)
+            for dt, arr in arrays.items():
+                assert arrays_equal(result.as_numpy(dt.lower()), arr), dt
+            with pytest.raises(InferenceServerException, match="unknown model"):
+                await client.infer("nope", inputs)
+        finally:
+            await client.close()
+
+    asyncio.run(go())
+
+
+# -- 256 MiB each way, bounded server memory -------------------------------------------
+
+
+@pytest.mark.slow
+def test_256mib_each_way_server_memory_bounded() -> None:
+    from binproto.adapters import httpx as bphttpx
+
+    payload = 256 * MiB
+    arr = np.empty(payload // 4, dtype=np.float32)
+    arr[:] = 1.25
+    arr[::1024] = np.arange(arr[::1024].size, dtype=np.float32)
+    with run_example_server() as srv:
+        baseline = srv.status("VmRSS")
+        with httpx.Client(base_url=srv.url, timeout=120) as client:
+            result = bphttpx.infer(client, "echo", {"x": arr})
+        peak = srv.status("VmHWM")
+    got = result.tensors["x"]
+    assert got.shape == arr.shape and np.array_equal(got, arr)
+    # The echo holds the tensor once (assembled from the chunks, then sent from
+    # that memory); a second full copy anywhere would add another payload.
+    assert peak - baseline <= 1.5 * payload, (peak - baseline) / payload
+    assert peak <= 2.5 * payload, peak / payload
