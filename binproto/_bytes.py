@@ -10,7 +10,7 @@ import numpy as np
 
 from ._errors import LocalProtocolError, RemoteProtocolError
 
-__all__ = ["BytesFramer", "join_bytes", "split_bytes"]
+__all__ = ["BytesDecoder", "BytesFramer", "join_bytes", "split_bytes"]
 
 _U32 = struct.Struct("<I")
 
@@ -22,12 +22,26 @@ class BytesFramer:
     prefix. Each element's length is checked against the bytes the tensor has
     left, so an overrun is reported at the prefix that claims it, at the same
     offset for every chunking. Only prefixes are looked at: element bytes are
-    skipped, never copied.
+    skipped, never copied, unless ``collect`` asks for the elements (then each
+    complete element is copied once into a ``bytes``; see :class:`BytesDecoder`).
     """
 
-    __slots__ = ("_count", "_label", "_partial", "_partial_at", "_skip", "base", "elements", "size")
+    __slots__ = (
+        "_count",
+        "_label",
+        "_out",
+        "_partial",
+        "_partial_at",
+        "_piece",
+        "_skip",
+        "base",
+        "elements",
+        "size",
+    )
 
-    def __init__(self, label: str, elements: int, size: int, base: int) -> None:
+    def __init__(
+        self, label: str, elements: int, size: int, base: int, *, collect: bool = False
+    ) -> None:
         self._label = label
         self.elements = elements
         self.size = size
@@ -36,6 +50,8 @@ class BytesFramer:
         self._skip = 0  # bytes of the current element still to pass over
         self._partial = b""  # a prefix split across chunks
         self._partial_at = 0
+        self._out: list[bytes] | None = [] if collect else None
+        self._piece: bytearray | None = None  # a collected element split across chunks
 
     def _element(self, length: int, at: int) -> None:
         """Account for a prefix found at tensor offset ``at``."""
@@ -53,18 +69,36 @@ class BytesFramer:
                 f" but only {left} remain in its binary_data_size",
                 offset=self.base + at,
             )
-        self._skip = length
+
+    def _body(self, data: memoryview, i: int, length: int) -> int:
+        """Start an element of ``length`` bytes at ``i``; return where it ends in ``data``."""
+        end = i + length
+        n = len(data)
+        out = self._out
+        if end <= n:
+            if out is not None:
+                out.append(bytes(data[i:end]))
+            return end
+        if out is not None:
+            self._piece = bytearray(data[i:n])
+        self._skip = end - n
+        return n
 
     def feed(self, data: memoryview, offset: int) -> None:
         """Check ``data``, the tensor's bytes from tensor offset ``offset``."""
         n = len(data)
         i = 0
-        if self._skip >= n:
-            self._skip -= n
-            return
-        i = self._skip
-        self._skip = 0
-        if self._partial:
+        if self._skip:  # the rest of an element begun in an earlier chunk
+            i = min(self._skip, n)
+            self._skip -= i
+            if self._piece is not None:
+                self._piece += data[:i]
+                if not self._skip and self._out is not None:
+                    self._out.append(bytes(self._piece))
+                    self._piece = None
+            if self._skip:
+                return
+        if self._partial:  # the rest of a length prefix begun in an earlier chunk
             take = min(4 - len(self._partial), n - i)
             self._partial += bytes(data[i : i + take])
             i += take
@@ -73,23 +107,27 @@ class BytesFramer:
             length = int.from_bytes(self._partial, "little")
             self._partial = b""
             self._element(length, self._partial_at)
-            if self._skip >= n - i:
-                self._skip -= n - i
-                return
-            i += self._skip
-            self._skip = 0
+            i = self._body(data, i, length)
         unpack = _U32.unpack_from
+        collect = self._out is not None
         while n - i >= 4:
             (length,) = unpack(data, i)
             self._element(length, offset + i)
-            i += 4 + length
-            if i > n:
-                self._skip = i - n
-                return
-            self._skip = 0
+            i += 4
+            if collect or i + length > n:
+                i = self._body(data, i, length)
+            else:
+                i += length
         if i < n:
             self._partial = bytes(data[i:n])
             self._partial_at = offset + i
+
+    def take(self) -> list[bytes]:
+        """The elements completed since the last call (with ``collect`` only)."""
+        out = self._out or []
+        if self._out:
+            self._out = []
+        return out
 
     def finish(self) -> None:
         """Check the tensor ended on an element boundary with every element."""
@@ -101,6 +139,47 @@ class BytesFramer:
                 f" its shape {self.elements}",
                 offset=self.base + self.size,
             )
+
+
+class BytesDecoder:
+    """Decode the elements of one BYTES tensor as its bytes stream in.
+
+    Feed it the tensor's chunks (``TensorChunk.data``) in order; each call
+    returns the elements completed by that chunk, wherever the chunk
+    boundaries fall (inside a length prefix or an element). Framing faults
+    raise :class:`RemoteProtocolError`, at the same offset for any chunking.
+
+    Args:
+        info_or_elements: the tensor's :class:`TensorInfo`, or its element count.
+        size: the tensor's ``binary_data_size`` (taken from ``info`` when given).
+        base: body offset of the tensor's first byte, for error offsets.
+    """
+
+    def __init__(self, info_or_elements: Any, size: int | None = None, *, base: int = 0) -> None:
+        if isinstance(info_or_elements, int):
+            if size is None:
+                raise LocalProtocolError("BytesDecoder needs the tensor's binary_data_size")
+            elements, label = info_or_elements, "BYTES tensor"
+        else:
+            info = info_or_elements
+            if info.datatype != "BYTES" or info.binary_size is None:
+                raise LocalProtocolError(f"'{info.name}' is not a binary BYTES tensor")
+            elements, size, label = info.elements, info.binary_size, f"tensor '{info.name}'"
+        self._framer = BytesFramer(label, elements, size, base, collect=True)
+        self._offset = 0
+
+    def feed(self, data: Any) -> list[bytes]:
+        """Take the tensor's next bytes; return the elements they complete."""
+        view = memoryview(data).cast("B")
+        if self._offset + len(view) > self._framer.size:
+            raise LocalProtocolError("more bytes fed than the tensor's binary_data_size")
+        self._framer.feed(view, self._offset)
+        self._offset += len(view)
+        return self._framer.take()
+
+    def finish(self) -> None:
+        """Check the tensor ended after its last element."""
+        self._framer.finish()
 
 
 def split_bytes(buf: Any, count: int) -> np.ndarray[Any, np.dtype[np.object_]]:

@@ -1,0 +1,70 @@
+"""BYTES framing: the streaming element decoder and the bulk splitter agree in
+every chunking, and faults land at the same offset however the bytes arrive."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from binproto import LocalProtocolError, RemoteProtocolError, split_bytes
+from binproto._bytes import BytesDecoder
+
+from .helpers import bytes_tensor, chunkings, split
+
+ITEMS = [b"", b"a", b"\x00\x01\x02\x03", b"\xff" * 9, b"", b"xyz"]
+RAW = bytes_tensor(ITEMS)
+
+
+def _decode(chunks: list[bytes], elements: int, size: int) -> list[bytes] | tuple[str, int | None]:
+    dec = BytesDecoder(elements, size)
+    got: list[bytes] = []
+    try:
+        for c in chunks:
+            got += dec.feed(c)
+        dec.finish()
+    except RemoteProtocolError as exc:
+        return (exc.msg, exc.offset)
+    return got
+
+
+def test_every_chunking_gives_every_element() -> None:
+    for chunks in chunkings(RAW):
+        assert _decode(chunks, len(ITEMS), len(RAW)) == ITEMS
+    assert list(split_bytes(RAW, len(ITEMS))) == ITEMS
+
+
+@given(st.lists(st.binary(max_size=12), max_size=12), st.data())
+@settings(max_examples=200, deadline=None)
+def test_hypothesis_elements_and_splits(items: list[bytes], data: st.DataObject) -> None:
+    raw = bytes_tensor(items)
+    points = data.draw(st.lists(st.integers(0, max(len(raw), 1)), max_size=8))
+    assert _decode(split(raw, points), len(items), len(raw)) == items
+    assert list(split_bytes(raw, len(items))) == items
+
+
+@pytest.mark.parametrize(
+    ("raw", "elements", "message", "offset"),
+    [
+        (b"\x09\0\0\0abc", 1, "claims 9 bytes but only 3 remain", 0),
+        (bytes_tensor([b"ab"]) + b"\0\0\0\0", 1, "more than the 1", 6),
+        (bytes_tensor([b"ab"]), 2, "holds 1, its shape 2", 6),
+        (bytes_tensor([b"ab"]) + b"\0\0", 2, "partial length prefix", 8),
+    ],
+)
+def test_faults_at_the_same_offset_in_every_chunking(
+    raw: bytes, elements: int, message: str, offset: int
+) -> None:
+    for chunks in chunkings(raw):
+        got = _decode(chunks, elements, len(raw))
+        assert isinstance(got, tuple), got
+        assert message in got[0]
+        assert got[1] == offset
+
+
+def test_misuse() -> None:
+    dec = BytesDecoder(1, 5)
+    with pytest.raises(LocalProtocolError):
+        dec.feed(b"123456")
+    with pytest.raises(LocalProtocolError):
+        BytesDecoder(3)
