@@ -1,0 +1,440 @@
+"""Parser workloads: streaming a large body, whole-body decode, BYTES, many tensors.
+
+Each workload runs side by side with its baseline (a bare copy loop, or
+tritonclient's response parser), interleaved round by round.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import binproto
+
+from ._harness import Row, interleave, median, mode, pick, row
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+CHUNK = 64 * KiB
+# The header is padded with JSON whitespace to a page, so the tensor's
+# 64 KiB pieces start at the same alignment in the body and in the destination
+# (memcpy speed depends on alignment).
+HEADER_PAD = 4096
+
+
+def response_header(outputs: list[dict[str, Any]], pad: int = 0) -> bytes:
+    """The JSON header of a response with ``outputs``, padded with spaces to ``pad``."""
+    raw = json.dumps({"model_name": "bench", "id": "1", "outputs": outputs}).encode()
+    if pad and len(raw) < pad:
+        raw = raw.ljust(pad)
+    return raw
+
+
+def fp32_body(nbytes: int, pad: int = HEADER_PAD) -> tuple[np.ndarray[Any, Any], int]:
+    """A response body with one FP32 output of ``nbytes``, in numpy memory."""
+    header = response_header(
+        [
+            {
+                "name": "output0",
+                "datatype": "FP32",
+                "shape": [nbytes // 4],
+                "parameters": {"binary_data_size": nbytes},
+            }
+        ],
+        pad,
+    )
+    hl = len(header)
+    body = np.empty(hl + nbytes, dtype=np.uint8)
+    body[:hl] = np.frombuffer(header, dtype=np.uint8)
+    values = body[hl:].view(np.float32) if hl % 4 == 0 else None
+    if values is not None:
+        values[:] = 1.5  # touches every page: real memory, not the zero page
+        values[:: 4096 // 4] = np.arange(values[:: 4096 // 4].size, dtype=np.float32)
+    else:  # pragma: no cover - the pad keeps hl aligned
+        body[hl:] = 7
+    return body, hl
+
+
+def _tritonclient() -> Any:
+    try:
+        from tritonclient.http import InferenceServerClient
+    except ImportError:  # pragma: no cover - tritonclient is in the test extra
+        return None
+    return InferenceServerClient
+
+
+# -- streaming a large FP32 body in 64 KiB chunks ----------------------------------
+
+
+def stream_rows(nbytes: int, repeats: int) -> list[Row]:
+    """Parser overhead per chunk, and parse + assemble vs a bare copy loop."""
+    body, hl = fp32_body(nbytes)
+    total = len(body)
+    view = body.data
+    chunks = [view[i : i + CHUNK] for i in range(0, total, CHUNK)]
+    # The tensor's pieces exactly as the parser hands them out.
+    pieces = [chunks[0][hl:], *chunks[1:]]
+    nchunks = len(chunks)
+    size_label = _size(nbytes)
+
+    def empty_loop() -> None:
+        for _c in chunks:
+            pass
+
+    def events_loop() -> None:
+        p = binproto.Parser("response", header_length=hl, content_length=total)
+        receive = p.receive_data
+        events = p.events
+        for c in chunks:
+            receive(c)
+            for _ev in events():
+                pass
+        assert p.state is binproto.ParserState.DONE
+
+    def next_event_loop() -> None:
+        p = binproto.Parser("response", header_length=hl, content_length=total)
+        receive = p.receive_data
+        nxt = p.next_event
+        need = binproto.NEED_DATA
+        done = binproto.MessageComplete
+        for c in chunks:
+            receive(c)
+            while True:
+                ev = nxt()
+                if ev is need or type(ev) is done:
+                    break
+        assert p.state is binproto.ParserState.DONE
+
+    times = interleave(
+        {"empty": empty_loop, "events": events_loop, "next_event": next_event_loop}, repeats
+    )
+    rows = []
+    work = f"stream {size_label} FP32, 64 KiB chunks: parser only"
+    for impl, key in (
+        ("binproto Parser, events() loop", "events"),
+        ("binproto Parser, next_event() loop", "next_event"),
+    ):
+        per_chunk = [(t - e) / nchunks for t, e in zip(times[key], times["empty"], strict=True)]
+        us = median(per_chunk) * 1e6
+        rows.append(
+            row(
+                work,
+                impl,
+                times[key],
+                nbytes=nbytes,
+                chunks=nchunks,
+                us_per_chunk=us,
+                target="<= 1 us/chunk",
+                met=us <= 1.0,
+            )
+        )
+
+    dest = np.empty(nbytes // 4, dtype=np.float32)
+    dest.view(np.uint8)[:] = 0  # fault the pages in once, like a reused buffer
+    dest_mv = dest.data.cast("B")
+
+    def bare_copy() -> None:
+        off = 0
+        for piece in pieces:
+            n = len(piece)
+            dest_mv[off : off + n] = piece
+            off += n
+
+    def assemble() -> None:
+        p = binproto.Parser("response", header_length=hl, content_length=total)
+        asm = binproto.TensorAssembler({"output0": dest})
+        receive = p.receive_data
+        events = p.events
+        feed = asm.feed
+        for c in chunks:
+            receive(c)
+            for ev in events():
+                feed(ev)
+        assert asm.tensors["output0"] is dest
+
+    times = interleave({"bare": bare_copy, "asm": assemble}, repeats)
+    assert float(dest[0]) == 0.0 and float(dest[1]) == 1.5
+    work = f"stream {size_label} FP32, 64 KiB chunks: parse + copy into a preallocated array"
+    overhead = [(a - b) / nchunks for a, b in zip(times["asm"], times["bare"], strict=True)]
+    over_us = median(overhead) * 1e6
+    rows.append(
+        row(work, "bare copy loop (memoryview slice assignment)", times["bare"], nbytes=nbytes)
+    )
+    rows.append(
+        row(
+            work,
+            "binproto Parser + TensorAssembler(destinations=)",
+            times["asm"],
+            nbytes=nbytes,
+            baseline="bare copy loop",
+            baseline_samples=times["bare"],
+            min_ratio=0.85,
+            chunks=nchunks,
+            overhead_us_per_chunk=over_us,
+            overhead_met=over_us <= 1.0,
+        )
+    )
+
+    # The default use: the assembler allocates the tensor; the copy loop gets
+    # a fresh array too, so both pay the first touch of new memory.
+    fresh: dict[str, Any] = {}
+
+    def bare_fresh() -> None:
+        out = np.empty(nbytes, dtype=np.uint8)
+        mv = out.data
+        off = 0
+        for piece in pieces:
+            n = len(piece)
+            mv[off : off + n] = piece
+            off += n
+        fresh["bare"] = out
+
+    def assemble_fresh() -> None:
+        p = binproto.Parser("response", header_length=hl, content_length=total)
+        asm = binproto.TensorAssembler()
+        receive = p.receive_data
+        events = p.events
+        feed = asm.feed
+        for c in chunks:
+            receive(c)
+            for ev in events():
+                feed(ev)
+        fresh["asm"] = asm.tensors["output0"]
+
+    times = interleave({"bare": bare_fresh, "asm": assemble_fresh}, repeats, setup=fresh.clear)
+    work = f"stream {size_label} FP32, 64 KiB chunks: parse + copy into new memory"
+    rows.append(row(work, "bare copy loop into np.empty", times["bare"], nbytes=nbytes))
+    rows.append(
+        row(
+            work,
+            "binproto Parser + TensorAssembler()",
+            times["asm"],
+            nbytes=nbytes,
+            baseline="bare copy loop into np.empty",
+            baseline_samples=times["bare"],
+        )
+    )
+    fresh.clear()
+    return rows
+
+
+# -- whole-body decode ---------------------------------------------------------------
+
+
+def decode_rows(sizes: list[int], repeats: int) -> list[Row]:
+    """binproto.decode_response vs tritonclient parse_response_body + as_numpy."""
+    client = _tritonclient()
+    rows: list[Row] = []
+    binproto_medians: dict[int, float] = {}
+    for nbytes in sizes:
+        array_body, hl = fp32_body(nbytes, pad=0)
+        # Both get the same bytes object, as an HTTP client hands it over.
+        body = array_body.tobytes()
+        del array_body
+
+        def ours(body: bytes = body, hl: int = hl) -> Any:
+            return binproto.decode_response(body, header_length=hl).tensors["output0"]
+
+        def theirs(body: bytes = body, hl: int = hl) -> Any:
+            return client.parse_response_body(body, header_length=hl).as_numpy("output0")
+
+        cases: dict[str, Callable[[], object]] = {"binproto": ours}
+        if client is not None:
+            a, b = ours(), theirs()
+            assert a.shape == b.shape and a[1] == b[1] and a[-1] == b[-1]
+            del a, b
+            cases["tritonclient"] = theirs
+        # Small sizes take microseconds: repeat them within a sample.
+        reps = repeats if nbytes >= 256 * MiB else repeats + 2
+        times = interleave(cases, reps)
+        work = f"decode whole body, 1 FP32 tensor of {_size(nbytes)}"
+        binproto_medians[nbytes] = median(times["binproto"])
+        if "tritonclient" in times:
+            rows.append(
+                row(
+                    work,
+                    "tritonclient parse_response_body + as_numpy",
+                    times["tritonclient"],
+                    nbytes=nbytes,
+                )
+            )
+            rows.append(
+                row(
+                    work,
+                    "binproto.decode_response",
+                    times["binproto"],
+                    nbytes=nbytes,
+                    baseline="tritonclient",
+                    baseline_samples=times["tritonclient"],
+                    min_ratio=100.0 if nbytes >= 256 * MiB else None,
+                )
+            )
+        else:  # pragma: no cover
+            rows.append(row(work, "binproto.decode_response", times["binproto"], nbytes=nbytes))
+        del body, ours, theirs, cases
+        gc.collect()
+    small, large = min(binproto_medians), max(binproto_medians)
+    if large > small:
+        growth = binproto_medians[large] / binproto_medians[small]
+        rows[-1]["time_growth_vs_smallest"] = growth
+        rows[-1]["size_independent"] = growth < 2.0
+    return rows
+
+
+# -- BYTES and many small tensors ----------------------------------------------------
+
+
+def bytes_body(count: int, seed: int = 0) -> tuple[bytes, int, list[bytes]]:
+    """A response with one BYTES output of ``count`` elements of 1 to 16 bytes."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 17, size=count)
+    pool = bytes(rng.integers(97, 123, size=64, dtype=np.uint8))
+    elements = [pool[: int(n)] for n in lengths]
+    pack = struct.Struct("<I").pack
+    data = b"".join(pack(len(e)) + e for e in elements)
+    header = response_header(
+        [
+            {
+                "name": "text",
+                "datatype": "BYTES",
+                "shape": [count],
+                "parameters": {"binary_data_size": len(data)},
+            }
+        ]
+    )
+    return header + data, len(header), elements
+
+
+def many_body(count: int, nbytes: int) -> tuple[bytes, int]:
+    """A response with ``count`` FP32 outputs of ``nbytes`` each."""
+    outputs = [
+        {
+            "name": f"output{i}",
+            "datatype": "FP32",
+            "shape": [nbytes // 4],
+            "parameters": {"binary_data_size": nbytes},
+        }
+        for i in range(count)
+    ]
+    header = response_header(outputs)
+    data = np.arange(count * nbytes // 4, dtype=np.float32).tobytes()
+    return header + data, len(header)
+
+
+def small_rows(bytes_count: int, many: int, many_size: int, repeats: int) -> list[Row]:
+    """BYTES of many short elements, and many small tensors, vs tritonclient."""
+    client = _tritonclient()
+    rows: list[Row] = []
+
+    body, hl, elements = bytes_body(bytes_count)
+
+    def ours_bytes() -> Any:
+        return binproto.decode_response(body, header_length=hl).tensors["text"]
+
+    def theirs_bytes() -> Any:
+        return client.parse_response_body(body, header_length=hl).as_numpy("text")
+
+    check = ours_bytes()
+    assert check.shape == (bytes_count,) and check[0] == elements[0] and check[-1] == elements[-1]
+    work = f"decode BYTES tensor of {bytes_count:,} elements (1-16 bytes)"
+    if client is not None:
+        assert list(theirs_bytes()[:3]) == elements[:3]
+        times = interleave({"binproto": ours_bytes, "tritonclient": theirs_bytes}, repeats)
+        rows.append(
+            row(
+                work,
+                "tritonclient parse_response_body + as_numpy",
+                times["tritonclient"],
+                nbytes=len(body) - hl,
+            )
+        )
+        rows.append(
+            row(
+                work,
+                "binproto.decode_response",
+                times["binproto"],
+                nbytes=len(body) - hl,
+                baseline="tritonclient",
+                baseline_samples=times["tritonclient"],
+                min_ratio=3.0,
+            )
+        )
+    del body, elements, check
+
+    body, hl = many_body(many, many_size)
+    names = [f"output{i}" for i in range(many)]
+    inner = pick(mode(False), full=200, quick=100, tiny=2)
+
+    def ours_many() -> None:
+        for _ in range(inner):
+            t = binproto.decode_response(body, header_length=hl).tensors
+            for n in names:
+                t[n]
+
+    def theirs_many() -> None:
+        for _ in range(inner):
+            r = client.parse_response_body(body, header_length=hl)
+            for n in names:
+                r.as_numpy(n)
+
+    work = f"decode {many} FP32 tensors of {_size(many_size)}"
+    if client is not None:
+        times = interleave({"binproto": ours_many, "tritonclient": theirs_many}, repeats)
+        rows.append(
+            row(
+                work,
+                "tritonclient parse_response_body + as_numpy x64",
+                times["tritonclient"],
+                nbytes=len(body) - hl,
+                per=inner,
+            )
+        )
+        rows.append(
+            row(
+                work,
+                "binproto.decode_response",
+                times["binproto"],
+                nbytes=len(body) - hl,
+                per=inner,
+                baseline="tritonclient",
+                baseline_samples=times["tritonclient"],
+                min_ratio=2.0,
+            )
+        )
+    return rows
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def run(quick: bool) -> list[Row]:
+    """Run every parser workload at the size of the current mode."""
+    m = mode(quick)
+    repeats = pick(m, full=7, quick=3, tiny=1)
+    rows = stream_rows(pick(m, full=1 * GiB, quick=256 * MiB, tiny=256 * KiB), repeats)
+    rows += decode_rows(
+        pick(
+            m,
+            full=[16 * MiB, 256 * MiB, 1 * GiB],
+            quick=[16 * MiB, 256 * MiB],
+            tiny=[4 * KiB, 16 * KiB],
+        ),
+        pick(m, full=5, quick=3, tiny=1),
+    )
+    rows += small_rows(
+        pick(m, full=1_000_000, quick=200_000, tiny=100),
+        64,
+        pick(m, full=4 * KiB, quick=4 * KiB, tiny=4 * KiB),
+        pick(m, full=7, quick=3, tiny=1),
+    )
+    return rows

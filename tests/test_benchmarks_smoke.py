@@ -1,0 +1,123 @@
+"""The benchmark runner works end to end in its tiny mode (a few KiB, one repeat).
+
+No timing is asserted: only that every workload ran and reported sane fields.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+
+# Substrings of the workloads the runner itself and the parser module report.
+EXPECTED = {
+    "raw": ["memcpy", "loopback TCP"],
+    "parser": [
+        "parser only",
+        "copy into a preallocated array",
+        "copy into new memory",
+        "decode whole body",
+        "decode BYTES tensor",
+        "decode 64 FP32 tensors",
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("bench")
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--tiny", "--json", str(out / "r.json")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data: dict[str, Any] = json.loads((out / "r.json").read_text())
+    data["_dir"] = str(out)
+    data["_stdout"] = proc.stdout
+    return data
+
+
+def _modules_present() -> set[str]:
+    return {"raw"} | {p.stem.removeprefix("bench_") for p in BENCH.glob("bench_*.py")}
+
+
+def test_every_module_ran_without_error(report: dict[str, Any]) -> None:
+    assert report["mode"] == "tiny"
+    ran = {m["module"]: m for m in report["modules"]}
+    assert set(ran) == _modules_present()
+    for name, m in ran.items():
+        assert "error" not in m, f"{name}: {m.get('error')}"
+        assert m["peak_rss_bytes"] > 0
+    groups = {r["group"] for r in report["rows"]}
+    assert groups == set(ran), "every module must report at least one row"
+
+
+def test_every_expected_workload_is_reported(report: dict[str, Any]) -> None:
+    for group, names in EXPECTED.items():
+        workloads = [r["workload"] for r in report["rows"] if r["group"] == group]
+        for name in names:
+            assert any(name in w for w in workloads), (group, name, workloads)
+
+
+def test_rows_have_sane_fields(report: dict[str, Any]) -> None:
+    for r in report["rows"]:
+        assert isinstance(r["workload"], str) and r["workload"]
+        assert isinstance(r["impl"], str)
+        if "seconds" in r:
+            assert isinstance(r["seconds"], float) and math.isfinite(r["seconds"])
+            assert r["seconds"] > 0
+        if r.get("ratio") is not None:
+            assert r["ratio"] > 0 and math.isfinite(r["ratio"])
+            assert isinstance(r.get("baseline"), str)
+        if r.get("met") is not None:
+            assert isinstance(r["met"], bool)
+            assert r.get("target"), "a met flag needs the target it refers to"
+        if r.get("bytes") is not None:
+            assert isinstance(r["bytes"], int) and r["bytes"] > 0
+            assert r["gbps"] > 0
+    # The parser rows compare against their baseline within the same run.
+    parser = [r for r in report["rows"] if r["group"] == "parser"]
+    compared = [r for r in parser if r.get("ratio") is not None]
+    assert len(compared) >= 5
+    raw = report["raw_gbps"]
+    assert raw["memcpy"] > 0 and raw["socket"] > 0
+    assert any(r.get("vs_raw") for r in parser)
+
+
+def test_machine_is_recorded(report: dict[str, Any]) -> None:
+    m = report["machine"]
+    for key in ("cpu", "cores", "memory_bytes", "python", "numpy", "date"):
+        assert m.get(key), key
+    assert m["cores"] >= 1
+
+
+def test_table_and_chart_are_written(report: dict[str, Any]) -> None:
+    out = Path(report["_dir"])
+    md = (out / "r.md").read_text()
+    assert md.count("\n|") >= len(report["rows"])
+    assert "memcpy" in report["_stdout"]
+    if importlib.util.find_spec("matplotlib") is not None:
+        png = (out / "r.png").read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    else:
+        assert "no chart" in report["_stdout"]
+
+
+def test_readme_has_results_markers() -> None:
+    text = (BENCH / "README.md").read_text()
+    start = text.index("<!-- results:start -->")
+    end = text.index("<!-- results:end -->")
+    assert end > start
