@@ -7,6 +7,7 @@ pull events; adapters under ``binproto.adapters`` connect it to sockets.
 
 from ._assemble import TensorAssembler
 from ._bytes import BytesFramer, join_bytes, split_bytes
+from ._compression import compress_buffers
 from ._datatypes import DATATYPES, DataType, datatype_for_dtype, datatype_of
 from ._decode import DecodedMessage, decode_request, decode_response
 from ._encode import EncodedBody, Tensor, encode_request, encode_response
@@ -21,9 +22,15 @@ from ._events import (
     TensorComplete,
 )
 from ._header import InferenceHeader, Kind, RequestedOutput, TensorInfo
-from ._http import HEADER_LENGTH_NAME, header_length_from, message_headers
+from ._http import (
+    HEADER_LENGTH_NAME,
+    content_encoding_from,
+    header_length_from,
+    message_headers,
+)
 from ._limits import Limits
 from ._parser import Parser, ParserState
+from ._raw import TensorSpec
 from ._writer import BodyWriter
 
 __version__ = "0.1.0"
@@ -55,7 +62,10 @@ __all__ = [
     "TensorChunk",
     "TensorComplete",
     "TensorInfo",
+    "TensorSpec",
     "__version__",
+    "compress_buffers",
+    "content_encoding_from",
     "datatype_for_dtype",
     "datatype_of",
     "decode_request",

@@ -7,12 +7,13 @@ from typing import Any
 
 import numpy as np
 
-from ._assemble import array_from_bytes
+from ._assemble import TensorAssembler, array_from_bytes
 from ._errors import RemoteProtocolError
-from ._events import NEED_DATA, HeaderParsed, TensorChunk, TensorComplete
+from ._events import NEED_DATA, HeaderParsed, MessageComplete, TensorChunk, TensorComplete
 from ._header import InferenceHeader, Kind
 from ._limits import Limits
 from ._parser import Parser, as_byte_view
+from ._raw import TensorSpec
 
 __all__ = ["DecodedMessage", "decode", "decode_request", "decode_response"]
 
@@ -37,6 +38,8 @@ def decode(
     header_length: int | None,
     limits: Limits | None = None,
     strict_bool: bool = True,
+    content_encoding: str | None = None,
+    raw_input: TensorSpec | None = None,
 ) -> DecodedMessage:
     """Decode a whole body. See :func:`decode_request`."""
     view = as_byte_view(body)
@@ -46,9 +49,13 @@ def decode(
         content_length=len(view),
         limits=limits,
         strict_bool=strict_bool,
+        content_encoding=content_encoding,
+        raw_input=raw_input,
     )
     parser.receive_data(view)
     parser.receive_data(b"")
+    if parser.content_encoding is not None:
+        return _decode_compressed(parser)
     header: InferenceHeader | None = None
     tensors: dict[str, np.ndarray[Any, Any]] = {}
     shared: list[str] = []
@@ -78,12 +85,33 @@ def decode(
     return DecodedMessage(header=header, tensors=tensors, shared_memory=tuple(shared))
 
 
+def _decode_compressed(parser: Parser) -> DecodedMessage:
+    """Decode a compressed body: each tensor copied once, from binproto's own
+    decompressed output into its array."""
+    assembler = TensorAssembler()
+    while True:
+        event = parser.next_event()
+        if event is NEED_DATA:  # pragma: no cover - the whole body was given
+            raise RemoteProtocolError("unexpected end of body", offset=parser.bytes_parsed)
+        assembler.feed(event)
+        if type(event) is MessageComplete:
+            break
+    assert assembler.header is not None
+    return DecodedMessage(
+        header=assembler.header,
+        tensors=assembler.tensors,
+        shared_memory=tuple(assembler.shared_memory),
+    )
+
+
 def decode_request(
     body: Any,
     *,
     header_length: int | None,
     limits: Limits | None = None,
     strict_bool: bool = True,
+    content_encoding: str | None = None,
+    raw_input: TensorSpec | None = None,
 ) -> DecodedMessage:
     """Decode a whole request body.
 
@@ -92,9 +120,22 @@ def decode_request(
     ``body`` is ``bytes``) with explicit little-endian dtypes; BOOL becomes
     ``bool_``; BYTES an object array of ``bytes``; JSON data arrays of the
     tensor's dtype and shape.
+
+    ``content_encoding`` (``"gzip"``, ``"deflate"``, ``"identity"`` or None)
+    names the body's Content-Encoding; a compressed body is decompressed
+    within the limits, and its tensors are arrays holding the decompressed
+    bytes (one copy, not views of ``body``). ``raw_input`` describes the
+    model's input for a raw binary request (``header_length=0``); see
+    :class:`Parser`.
     """
     return decode(
-        "request", body, header_length=header_length, limits=limits, strict_bool=strict_bool
+        "request",
+        body,
+        header_length=header_length,
+        limits=limits,
+        strict_bool=strict_bool,
+        content_encoding=content_encoding,
+        raw_input=raw_input,
     )
 
 
@@ -104,8 +145,14 @@ def decode_response(
     header_length: int | None,
     limits: Limits | None = None,
     strict_bool: bool = True,
+    content_encoding: str | None = None,
 ) -> DecodedMessage:
     """Decode a whole response body; see :func:`decode_request`."""
     return decode(
-        "response", body, header_length=header_length, limits=limits, strict_bool=strict_bool
+        "response",
+        body,
+        header_length=header_length,
+        limits=limits,
+        strict_bool=strict_bool,
+        content_encoding=content_encoding,
     )

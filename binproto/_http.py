@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from ._compression import normalize_encoding, unsupported_encoding
 from ._errors import RemoteProtocolError
 
 __all__ = [
+    "CONTENT_ENCODING_NAME",
     "HEADER_LENGTH_NAME",
     "Headers",
+    "content_encoding_from",
     "header_length_from",
     "header_value",
     "message_headers",
@@ -93,3 +96,23 @@ def message_headers(header_length: int | None, content_length: int) -> list[tupl
     headers.append(("Content-Type", kind))
     return headers
 
+
+CONTENT_ENCODING_NAME = "Content-Encoding"
+
+
+def content_encoding_from(headers: Headers) -> str | None:
+    """Read Content-Encoding from any header mapping or list of pairs.
+
+    Returns ``"gzip"`` or ``"deflate"``, or None when the header is absent or
+    says ``identity`` (the value to pass as ``content_encoding=``). A list of
+    codings is accepted when at most one of them is not ``identity``. Raises
+    :class:`RemoteProtocolError` with status hint 415 for any other coding,
+    naming the supported ones (answer with ``Accept-Encoding: gzip, deflate``).
+    """
+    text = header_value(headers, CONTENT_ENCODING_NAME)
+    if text is None:
+        return None
+    codings = [c for c in (normalize_encoding(p) for p in text.split(",") if p.strip()) if c]
+    if len(codings) > 1:
+        raise unsupported_encoding(text)
+    return codings[0] if codings else None

@@ -28,6 +28,18 @@ done by numpy or by skipping whole elements.
 The end of the body is known when ``content_length`` bytes have been parsed, or
 when ``receive_data(b"")`` is called. A body that ends early is an error that
 says how many bytes were missing; a byte after the end is an error too.
+
+A compressed body (``content_encoding``) is queued as it arrives, still
+compressed, in an :class:`~binproto._compression.Inflater`. The readers pull
+decompressed bytes from it only when their queue is empty, one bounded step at
+a time (``_pull``), so a reader sees the same kind of chunk queue as for a
+plain body, memory stays bounded, and the decompression limits are checked as
+bytes are produced. Offsets in errors and events count decompressed bytes.
+
+A raw binary request (``header_length=0`` with ``raw_input``) has no JSON
+header: the HEADER reader synthesizes the one the model's input stands for,
+and a raw BYTES element, which travels without its length prefix, gets the
+prefix emitted as its first chunk so every consumer sees the usual framing.
 """
 
 from __future__ import annotations
@@ -40,6 +52,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from ._bytes import BytesFramer
+from ._compression import Inflater, normalize_encoding
 from ._errors import LocalProtocolError, RemoteProtocolError
 from ._events import (
     NEED_DATA,
@@ -54,6 +67,7 @@ from ._events import (
 from ._header import InferenceHeader, Kind, TensorInfo, build_header
 from ._json import loads_header
 from ._limits import Limits
+from ._raw import TensorSpec, raw_header
 
 __all__ = ["Parser", "ParserState", "as_byte_view"]
 
@@ -102,6 +116,18 @@ class Parser:
             ``receive_data(b"")``.
         limits: bounds on what the peer may make the parser hold or process.
         strict_bool: reject BOOL tensor bytes other than 0 and 1.
+        content_encoding: the body's Content-Encoding (see
+            :func:`content_encoding_from`): ``"gzip"``, ``"deflate"`` (zlib-wrapped
+            or raw), ``"identity"`` or None. The body is then decompressed as it
+            is parsed; ``content_length`` is the compressed length on the wire,
+            and ``header_length`` still counts the uncompressed JSON. An
+            unsupported coding is a :class:`RemoteProtocolError` with status
+            hint 415 from the first :meth:`next_event`.
+        raw_input: the model's single input, used when ``header_length`` is 0
+            (a raw binary request: the body is that input's bytes). When its
+            shape has a variable dimension, or it is BYTES, the body's length
+            decides the shape, so ``content_length`` of an uncompressed body is
+            required (else :class:`LocalProtocolError`).
     """
 
     def __init__(
@@ -112,6 +138,8 @@ class Parser:
         content_length: int | None = None,
         limits: Limits | None = None,
         strict_bool: bool = True,
+        content_encoding: str | None = None,
+        raw_input: TensorSpec | None = None,
     ) -> None:
         if kind not in ("request", "response"):
             raise LocalProtocolError(f"kind must be 'request' or 'response', got {kind!r}")
@@ -125,16 +153,46 @@ class Parser:
 
         self._state = ParserState.HEADER
         self._chunks: deque[memoryview] = deque()
-        self._ended = False
+        self._ended = False  # the (decompressed) body is known to end here
+        self._input_ended = False  # receive_data(b"") was called
         self._received = 0  # body bytes handed to receive_data
         self._pos = 0  # body offset of the next byte to parse
         self._error: BaseException | None = None
 
+        # An unsupported coding is the peer's fault: raised by next_event.
+        self._encoding_error: RemoteProtocolError | None = None
+        encoding: str | None = None
+        try:
+            encoding = normalize_encoding(content_encoding)
+        except RemoteProtocolError as exc:
+            self._encoding_error = exc
+        #: The normalized content coding: ``"gzip"``, ``"deflate"`` or None.
+        self.content_encoding = encoding
+        self._inflater = (
+            Inflater(encoding, self.limits, content_length) if encoding is not None else None
+        )
+        # The decompressed body's length, when known before parsing.
+        self._decoded_length = content_length if encoding is None else None
+
+        if raw_input is not None and not isinstance(raw_input, TensorSpec):
+            raise LocalProtocolError(f"raw_input must be a TensorSpec, got {raw_input!r}")
+        self._raw = raw_input if header_length == 0 else None
+        if self._raw is not None:
+            if kind != "request":
+                raise LocalProtocolError("raw_input applies to requests only")
+            if self._raw.needs_length and self._decoded_length is None:
+                raise LocalProtocolError(
+                    f"raw input '{self._raw.name}' takes its shape or size from the body's"
+                    " length: pass content_length (of a body without content encoding)"
+                )
+        self._raw_prefix = b""  # bytes emitted before a raw BYTES element's
+
         self._header_buf = bytearray()
         # The header ends at header_length, else (plain JSON) at content_length,
         # else at the end of the body.
-        self._header_target = header_length if header_length is not None else content_length
+        self._header_target = header_length if header_length is not None else self._decoded_length
         self._header: InferenceHeader | None = None
+        self._body_total: int | None = None  # body length the header announces
 
         self._tensors: tuple[TensorInfo, ...] = ()
         self._checks: list[Callable[[memoryview, int], None] | None] = []
@@ -159,6 +217,32 @@ class Parser:
         """Body bytes parsed so far (the offset of the next byte)."""
         return self._pos
 
+    def next_tensor_region(self) -> tuple[int, int, int] | None:
+        """Where the next body bytes belong, when they are binary tensor bytes.
+
+        Returns ``(index, offset, count)``: the next ``count`` body bytes are
+        bytes ``[offset, offset + count)`` of binary tensor ``index``. It returns
+        None when the next event needs no body bytes, when bytes are already
+        waiting in the parser, after the end of the body, or when the body is
+        transformed before parsing (a content encoding). An adapter may then read
+        up to ``count`` bytes from its socket straight into the tensor's
+        destination and pass that same memory to :meth:`receive_data`; the
+        chunk is checked and evented as any other.
+        """
+        if (
+            self._state is not ParserState.TENSORS
+            or self._chunks
+            or self._ended
+            or self._raw_prefix
+            or getattr(self, "content_encoding", None) not in (None, "identity")
+            or self._ti >= len(self._tensors)
+        ):
+            return None
+        size = self._tensors[self._ti].binary_size
+        if size is None or self._toff >= size:
+            return None
+        return (self._ti, self._toff, size - self._toff)
+
     # -- input ------------------------------------------------------------------
 
     def receive_data(self, data: Any) -> None:
@@ -171,11 +255,15 @@ class Parser:
         """
         if self._state is ParserState.ERROR:
             raise LocalProtocolError("cannot receive data: the parser is in the ERROR state")
-        if self._ended:
+        if self._input_ended:
             raise LocalProtocolError("cannot receive data after the end of the body")
         mv = as_byte_view(data)
         if not len(mv):
-            self._ended = True
+            self._input_ended = True
+            if self._inflater is not None:
+                self._inflater.end()
+            else:
+                self._ended = True
             return
         if self._state is ParserState.DONE:
             self._fail(
@@ -185,6 +273,9 @@ class Parser:
                 )
             )
         self._received += len(mv)
+        if self._inflater is not None:
+            self._inflater.feed(mv)
+            return
         if self._state is ParserState.HEADER and not self._chunks:
             mv = self._buffer_header(mv)
             if not len(mv):
@@ -235,6 +326,23 @@ class Parser:
             if type(event) is MessageComplete:
                 return
 
+    def _pull(self) -> bool:
+        """Decompress one bounded step into the chunk queue (compressed bodies).
+
+        Returns True when a chunk was queued; sets ``_ended`` once the
+        compressed stream and the body have ended cleanly.
+        """
+        inflater = self._inflater
+        if inflater is None:
+            return False
+        piece = inflater.step()
+        if piece is None:
+            if inflater.finished:
+                self._ended = True
+            return False
+        self._chunks.append(piece)
+        return True
+
     def _fail(self, exc: RemoteProtocolError) -> NoReturn:
         self._state = ParserState.ERROR
         self._error = exc
@@ -245,6 +353,8 @@ class Parser:
 
     def _check_claims(self) -> None:
         """Check header_length and content_length before reading anything."""
+        if self._encoding_error is not None:
+            raise self._encoding_error
         limits = self.limits
         hl = self.header_length
         cl = self.content_length
@@ -254,11 +364,12 @@ class Parser:
                 status_hint=413,
                 offset=0,
             )
-        if hl == 0:
+        if hl == 0 and self._raw is None:
             raise RemoteProtocolError(
                 "raw binary requests (Inference-Header-Content-Length: 0) are not accepted here",
                 offset=0,
             )
+        cl = self._decoded_length
         if hl is not None and cl is not None and hl > cl:
             raise RemoteProtocolError(
                 f"inference header size should be in range (0, {cl}), got: {hl}", offset=0
@@ -274,14 +385,20 @@ class Parser:
 
     def _read_header(self) -> HeaderParsed | NeedData:
         self._check_claims()
+        if self._raw is not None:
+            return self._read_raw_header(self._raw)
         target = self._header_target
         buf = self._header_buf
         limit = self.limits.max_header_bytes
-        # Move bytes that arrived while earlier chunks were queued.
-        while self._chunks and (target is None or len(buf) < target) and len(buf) <= limit:
-            rest = self._buffer_header(self._chunks.popleft())
-            if len(rest):
-                self._chunks.appendleft(rest)
+        # Move bytes that arrived while earlier chunks were queued (or that a
+        # compressed body decompresses to).
+        while (target is None or len(buf) < target) and len(buf) <= limit:
+            if self._chunks:
+                rest = self._buffer_header(self._chunks.popleft())
+                if len(rest):
+                    self._chunks.appendleft(rest)
+            elif not self._pull():
+                break
         if len(buf) > limit:  # only reachable when the header's end is not known
             raise RemoteProtocolError(
                 f"the JSON body exceeds the header limit of {limit} bytes",
@@ -300,11 +417,32 @@ class Parser:
                 )
             return NEED_DATA
         raw = bytes(buf)
+        del buf  # drop the last reference, or the next line's cannot free it
         self._header_buf = bytearray()
         obj = loads_header(raw, max_depth=self.limits.max_json_depth)
         header = build_header(obj, self.kind, self.limits, len(raw))
         self._plan(header)
         self._pos = len(raw)
+        self._header = header
+        self._state = ParserState.TENSORS
+        return HeaderParsed(header=header)
+
+    def _read_raw_header(self, spec: TensorSpec) -> HeaderParsed:
+        """Synthesize the header of a raw binary request."""
+        header, prefix = raw_header(spec, self._decoded_length, self.limits)
+        size = header.tensors[0].nbytes - len(prefix)  # body bytes
+        if size > self.limits.max_body_bytes:
+            raise RemoteProtocolError(
+                f"the body would be {size} bytes, over the limit of"
+                f" {self.limits.max_body_bytes} bytes",
+                status_hint=413,
+                offset=0,
+            )
+        self._tensors = header.tensors
+        self._checks = [None]
+        self._framers = [None]
+        self._raw_prefix = prefix
+        self._body_total = size
         self._header = header
         self._state = ParserState.TENSORS
         return HeaderParsed(header=header)
@@ -326,7 +464,8 @@ class Parser:
                 " and 'binary_data_size' when passing inputs in binary data format",
                 offset=start,
             )
-        cl = self.content_length
+        self._body_total = total
+        cl = self._decoded_length
         if cl is not None and total != cl:
             if total > cl:
                 msg = (
@@ -374,8 +513,14 @@ class Parser:
             self._ti = ti + 1
             self._toff = 0
             return TensorComplete(index=ti, name=info.name, info=info)
+        if self._raw_prefix:
+            # A raw BYTES element's length prefix: not in the body, emitted first.
+            prefix = memoryview(self._raw_prefix)
+            self._raw_prefix = b""
+            self._toff = len(prefix)
+            return _make_chunk(ti, info.name, 0, prefix)
         chunks = self._chunks
-        if not chunks:
+        if not chunks and not self._pull():
             if self._ended:
                 raise self._short_body(info, size - self._toff)
             return NEED_DATA
@@ -400,7 +545,7 @@ class Parser:
         assert header is not None
         role = "input" if self.kind == "request" else "output"
         model = f" for model '{header.model_name}'" if header.model_name else ""
-        total = header.header_length + header.binary_size
+        total = self._body_total
         return RemoteProtocolError(
             f"unexpected size for {role} '{info.name}', expecting {need} additional"
             f" bytes{model} (received {self._pos} of {total} body bytes)",
@@ -408,11 +553,11 @@ class Parser:
         )
 
     def _read_end(self) -> MessageComplete | NeedData:
-        if self._chunks:
+        if self._chunks or self._pull():
             raise RemoteProtocolError(
                 "unexpected additional input data after the last tensor", offset=self._pos
             )
-        if self._ended or self._pos == self.content_length:
+        if self._ended or self._pos == self._decoded_length:
             self._state = ParserState.DONE
             return MessageComplete()
         return NEED_DATA
