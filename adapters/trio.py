@@ -1,0 +1,211 @@
+"""binproto over trio: a V2 HTTP/1.1 server and client (h11 underneath).
+
+The same server and client as ``binproto.adapters.asyncio``, over any
+:class:`trio.abc.Stream`; all the HTTP and protocol work is done by the
+backend-independent core in ``binproto.adapters._server`` and ``_client``.
+This module only wraps trio streams into its
+:class:`~binproto.adapters._server.ByteStream`:
+
+* :class:`TrioStream` wraps any ``trio.abc.Stream`` (TLS, in-memory, ...):
+  bytes are read with ``receive_some`` (``zero_copy=False``);
+* :class:`TrioSocketStream` wraps a :class:`trio.SocketStream` and adds
+  ``receive_into`` (the default for TCP): while a binary tensor of a
+  ``Content-Length`` body is being received, the kernel writes its bytes
+  straight into the tensor's destination array with the socket's
+  ``recv_into`` (trio waits until the socket is readable, then calls the
+  non-blocking ``recv_into``).
+
+Nothing is read before the consumer asks for the next event, so memory stays
+O(chunk) plus what the consumer keeps. Sending never joins tensor buffers:
+each one is written as it is (h11 hands them over as views of at most 1 MiB).
+
+Server::
+
+    trio.run(binproto.adapters.trio.serve, None, "127.0.0.1", 8000)
+
+or, in a nursery, ``port = await nursery.start(serve)`` (port 0, the default,
+picks a free port; ``start`` returns the bound one).
+
+Client::
+
+    async with binproto.adapters.trio.Client("127.0.0.1", 8000) as c:
+        outputs = await c.infer("echo", {"x": array}, binary_data_output=True)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+import trio
+
+from binproto._parser import as_byte_view
+
+from ._client import ClientCore, ResponseStream
+from ._server import V2Server
+
+__all__ = [
+    "Client",
+    "ResponseStream",
+    "TrioSocketStream",
+    "TrioStream",
+    "connect",
+    "connection_handler",
+    "serve",
+    "wrap",
+]
+
+
+class TrioStream:
+    """A :class:`~binproto.adapters._server.ByteStream` over any ``trio.abc.Stream``.
+
+    ``timeout`` bounds each wait for the peer: one receive, or the sending of
+    one buffer (None: no bound); past it :class:`trio.TooSlowError` is raised.
+    """
+
+    def __init__(self, stream: trio.abc.Stream, timeout: float | None = None) -> None:
+        self.stream = stream
+        self.timeout = timeout
+
+    def _deadline(self) -> AbstractContextManager[object]:
+        # A scope with an infinite deadline when there is no timeout.
+        return trio.fail_after(self.timeout if self.timeout is not None else math.inf)
+
+    async def receive_some(self, max_bytes: int) -> bytes:
+        """Up to ``max_bytes`` bytes; ``b""`` at end of stream."""
+        with self._deadline():
+            data: bytes | bytearray = await self.stream.receive_some(max_bytes)
+        return bytes(data)
+
+    async def send_all(self, buffers: Sequence[Any]) -> None:
+        """Write each buffer in turn, never joined."""
+        for buf in buffers:
+            view = as_byte_view(buf)
+            if not len(view):
+                continue
+            with self._deadline():
+                await self.stream.send_all(view)
+
+    async def aclose(self) -> None:
+        """Close the stream."""
+        await self.stream.aclose()
+
+
+class TrioSocketStream(TrioStream):
+    """A :class:`TrioStream` over a :class:`trio.SocketStream`, with
+    ``receive_into``: the kernel writes into the caller's buffer."""
+
+    stream: trio.SocketStream
+
+    def __init__(self, stream: trio.SocketStream, timeout: float | None = None) -> None:
+        super().__init__(stream, timeout)
+
+    async def receive_into(self, view: memoryview) -> int:
+        """Receive up to ``len(view)`` bytes into ``view``; 0 at end of stream."""
+        if not len(view):
+            return 0
+        sock = self.stream.socket
+        n = 0
+        with self._deadline():
+            try:
+                # Waits for readability, then a non-blocking recv_into.
+                n = await sock.recv_into(view, len(view))
+            except OSError as exc:  # as trio.SocketStream.receive_some reports it
+                if sock.fileno() == -1:
+                    raise trio.ClosedResourceError("the socket was closed") from None
+                raise trio.BrokenResourceError(*exc.args) from exc
+        return n
+
+
+def wrap(
+    stream: trio.abc.Stream, *, zero_copy: bool = True, timeout: float | None = None
+) -> TrioStream:
+    """The ByteStream for a trio stream: a :class:`TrioSocketStream` for a
+    ``trio.SocketStream`` when ``zero_copy``, else a :class:`TrioStream`."""
+    if zero_copy and isinstance(stream, trio.SocketStream):
+        return TrioSocketStream(stream, timeout)
+    return TrioStream(stream, timeout)
+
+
+def connection_handler(
+    server: V2Server | None = None, *, zero_copy: bool = True, timeout: float | None = None
+) -> Callable[[trio.abc.Stream], Awaitable[None]]:
+    """A handler for :func:`trio.serve_listeners` (or ``serve_tcp``,
+    ``serve_ssl_over_tcp``) that serves ``server`` on each connection.
+
+    ``server`` defaults to one with the ``echo`` model; see :func:`serve` for
+    the options.
+    """
+    app = server if server is not None else V2Server()
+
+    async def handle(stream: trio.abc.Stream) -> None:
+        await app.serve_connection(wrap(stream, zero_copy=zero_copy, timeout=timeout))
+
+    return handle
+
+
+async def serve(
+    server: V2Server | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    zero_copy: bool = True,
+    timeout: float | None = None,
+    ready: Callable[[int], object] | None = None,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``server`` (default: one with the ``echo`` model) until cancelled.
+
+    ``zero_copy`` receives tensor bytes in place with ``recv_into``;
+    ``timeout`` bounds each wait for a peer's bytes (None: no bound). Port 0
+    picks a free port: ``port = await nursery.start(serve, ...)`` gives the
+    bound one, and ``ready(port)`` is called once listening.
+    """
+    handler = connection_handler(server, zero_copy=zero_copy, timeout=timeout)
+    # What trio.serve_tcp does, with the bound port reported in between.
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    bound: int = listeners[0].socket.getsockname()[1]
+    if ready is not None:
+        ready(bound)
+    task_status.started(bound)
+    await trio.serve_listeners(handler, listeners)
+
+
+async def connect(
+    host: str, port: int, *, zero_copy: bool = True, timeout: float | None = None
+) -> TrioStream:
+    """Open a connection as a ByteStream (see :func:`serve` for the options)."""
+    return wrap(await trio.open_tcp_stream(host, port), zero_copy=zero_copy, timeout=timeout)
+
+
+class Client(ClientCore):
+    """A V2 client over one HTTP/1.1 keep-alive connection.
+
+    ::
+
+        async with Client("127.0.0.1", port) as c:
+            outputs = await c.infer("echo", {"x": array}, binary_data_output=True)
+            async with c.stream("echo", {"x": array}) as response:
+                async for event in response:
+                    ...
+
+    ``zero_copy`` receives response tensors straight into their arrays;
+    ``timeout`` bounds each wait for the server's bytes. For another kind of
+    trio stream (TLS, say), give :class:`~binproto.adapters._client.ClientCore`
+    an ``open_stream`` that returns :func:`wrap` of it.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        *,
+        zero_copy: bool = True,
+        timeout: float | None = None,
+    ) -> None:
+        async def open_stream() -> TrioStream:
+            return await connect(host, port, zero_copy=zero_copy, timeout=timeout)
+
+        super().__init__(open_stream, host=f"{host}:{port}", zero_copy=zero_copy)
