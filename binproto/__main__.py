@@ -66,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="command")
     subparsers.required = True
     add_serve(subparsers)
+    from ._cli import add_bench, add_encode, add_inspect
+
+    add_inspect(subparsers)
+    add_encode(subparsers)
+    add_bench(subparsers)
     return parser
 
 

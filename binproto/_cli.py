@@ -1,0 +1,612 @@
+"""The ``inspect``, ``encode`` and ``bench`` commands of the ``binproto`` CLI.
+
+``inspect`` streams a body through a :class:`~binproto.Parser` in 1 MiB
+reads, so a body of any size is summarized in bounded memory: per tensor it
+keeps the first few values and running min/max/mean, never the tensor.
+``encode`` builds a body from ``.npy``/``.npz`` files with
+:func:`binproto.encode_request` / :func:`binproto.encode_response` and writes
+its buffers one after the other, never joined. ``bench`` runs the benchmark
+suite of a source checkout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from ._bytes import split_bytes
+from ._datatypes import DATATYPES
+from ._errors import LocalProtocolError, ProtocolError
+from ._events import NEED_DATA, HeaderParsed, MessageComplete, TensorChunk, TensorComplete
+from ._header import InferenceHeader, TensorInfo
+from ._http import HEADER_LENGTH_NAME, content_encoding_from, header_length_from, header_value
+from ._parser import Parser
+
+__all__ = [
+    "TensorSummary",
+    "add_bench",
+    "add_encode",
+    "add_inspect",
+    "inspect_body",
+    "parse_headers",
+    "read_headers",
+]
+
+#: Bytes read from the input per ``receive_data`` call.
+READ_SIZE = 1 << 20
+#: Values shown per tensor.
+FIRST = 8
+#: Elements converted per step when computing statistics (bounds temporaries).
+STAT_STEP = 1 << 20
+#: Bytes of a BYTES tensor kept to show its first elements.
+BYTES_PREFIX = 1 << 16
+
+
+class UsageError(Exception):
+    """A command-line mistake (bad file, bad argument): exit status 2."""
+
+
+# -- headers files -------------------------------------------------------------
+
+
+def read_headers(path: str) -> list[tuple[str, str]]:
+    """Read HTTP headers from a file of ``Name: value`` lines.
+
+    Lines without a colon (a request or status line) and blank lines are
+    skipped, so a captured HTTP head works as well as a bare header list.
+    """
+    try:
+        text = Path(path).read_text(encoding="latin-1")
+    except OSError as exc:
+        raise UsageError(f"cannot read headers file {path!r}: {exc.strerror}") from None
+    return parse_headers(text)
+
+
+def parse_headers(text: str) -> list[tuple[str, str]]:
+    """The ``(name, value)`` pairs of ``Name: value`` lines (see :func:`read_headers`)."""
+    pairs: list[tuple[str, str]] = []
+    for line in text.splitlines():
+        name, sep, value = line.partition(":")
+        if sep and name.strip() and " " not in name.strip():
+            pairs.append((name.strip(), value.strip()))
+    return pairs
+
+
+def _format_headers(headers: list[tuple[str, str]]) -> str:
+    return "".join(f"{name}: {value}\n" for name, value in headers)
+
+
+# -- value summaries -----------------------------------------------------------
+
+
+def _scalar(value: Any) -> Any:
+    """A JSON-friendly Python scalar for a numpy value."""
+    if isinstance(value, (bytes, np.bytes_)):
+        return repr(bytes(value))
+    item = value.item() if isinstance(value, np.generic) else value
+    if isinstance(item, float) and not math.isfinite(item):
+        return str(item)
+    return item
+
+
+class TensorSummary:
+    """First values and running statistics of one tensor, fed chunk by chunk.
+
+    Memory is bounded whatever the tensor's size: a partial element carried
+    between chunks, the first :data:`FIRST` values, and (BYTES) the first
+    :data:`BYTES_PREFIX` bytes.
+    """
+
+    def __init__(self, info: TensorInfo) -> None:
+        self.info = info
+        self.first: list[Any] = []
+        self.count = 0  # elements seen
+        self.nan = 0
+        self.true = 0  # BOOL elements that are true
+        self.minimum: Any = None
+        self.maximum: Any = None
+        self._sum = 0.0
+        self._carry = b""  # bytes of a partial element
+        self._prefix = bytearray()  # BYTES: the tensor's first bytes
+        itemsize = DATATYPES[info.datatype].itemsize
+        self._itemsize = itemsize or 1
+        self._dtype: np.dtype[Any]
+        if info.datatype == "BF16":
+            self._dtype = np.dtype("<u2")  # raw bits, widened to float32 below
+        elif info.datatype == "BOOL":
+            self._dtype = np.dtype(np.uint8)
+        else:
+            self._dtype = info.dtype
+
+    def feed(self, data: memoryview) -> None:
+        """Take the next bytes of the tensor."""
+        if self.info.datatype == "BYTES":
+            room = BYTES_PREFIX - len(self._prefix)
+            if room > 0:
+                self._prefix += data[:room]
+            return
+        size = self._itemsize
+        if self._carry:
+            need = size - len(self._carry)
+            self._carry += bytes(data[:need])
+            data = data[need:]
+            if len(self._carry) == size:
+                self._values(np.frombuffer(self._carry, dtype=self._dtype))
+                self._carry = b""
+        whole = len(data) - len(data) % size
+        if whole:
+            self._values(np.frombuffer(data[:whole], dtype=self._dtype))
+        if whole < len(data):
+            self._carry = bytes(data[whole:])
+
+    def feed_array(self, array: np.ndarray[Any, Any]) -> None:
+        """Take a whole tensor given as JSON data."""
+        flat = array.reshape(-1)
+        if self.info.datatype == "BYTES":
+            self.first = [_scalar(x) for x in flat[:FIRST]]
+            self.count = flat.size
+            return
+        if self.info.datatype == "BF16":
+            flat = flat.astype(np.float32)
+        elif self.info.datatype == "BOOL":
+            flat = flat.astype(np.uint8)
+        self._values(flat)
+
+    def _values(self, values: np.ndarray[Any, Any]) -> None:
+        for start in range(0, values.size, STAT_STEP):
+            self._step(values[start : start + STAT_STEP])
+
+    def _step(self, part: np.ndarray[Any, Any]) -> None:
+        datatype = self.info.datatype
+        if datatype == "BF16" and part.dtype != np.float32:
+            part = (part.astype(np.uint32) << 16).view(np.float32)
+        elif datatype == "FP16":
+            part = part.astype(np.float32)
+        if len(self.first) < FIRST:
+            head = part[: FIRST - len(self.first)]
+            if datatype == "BOOL":
+                self.first += [bool(x) for x in head]
+            else:
+                self.first += [_scalar(x) for x in head]
+        self.count += part.size
+        if datatype == "BOOL":
+            self.true += int(np.count_nonzero(part))
+            return
+        if part.dtype.kind == "f":
+            nan = np.isnan(part)
+            n_nan = int(np.count_nonzero(nan))
+            if n_nan:
+                self.nan += n_nan
+                part = part[~nan]
+        if not part.size:
+            return
+        low, high = part.min(), part.max()
+        self.minimum = low if self.minimum is None else min(self.minimum, low)
+        self.maximum = high if self.maximum is None else max(self.maximum, high)
+        self._sum += float(np.sum(part, dtype=np.float64))
+
+    def finish(self) -> None:
+        """The tensor is complete: decode the first BYTES elements."""
+        if self.info.datatype != "BYTES" or self.info.binary_size is None:
+            return
+        self.count = self.info.elements
+        shown: list[Any] = []
+        data = bytes(self._prefix)
+        pos = 0
+        while len(shown) < min(FIRST, self.count) and pos + 4 <= len(data):
+            length = int.from_bytes(data[pos : pos + 4], "little")
+            if pos + 4 + length > len(data):
+                break
+            shown.append(split_bytes(data[pos : pos + 4 + length], 1)[0])
+            pos += 4 + length
+        self.first = [_scalar(x) for x in shown]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The summary as JSON-friendly values."""
+        info = self.info
+        where = (
+            "binary"
+            if info.binary_size is not None
+            else "shared memory"
+            if info.shared_memory
+            else "json"
+        )
+        out: dict[str, Any] = {
+            "index": info.index,
+            "name": info.name,
+            "datatype": info.datatype,
+            "shape": list(info.shape),
+            "bytes": info.binary_size if info.binary_size is not None else info.nbytes,
+            "where": where,
+            "first": self.first,
+        }
+        if info.datatype == "BOOL":
+            out["true"] = self.true
+        elif info.datatype != "BYTES" and self.minimum is not None:
+            out["min"] = _scalar(self.minimum)
+            out["max"] = _scalar(self.maximum)
+            out["mean"] = self._sum / (self.count - self.nan)
+        if self.nan:
+            out["nan"] = self.nan
+        return out
+
+
+# -- inspect -------------------------------------------------------------------
+
+
+def _chunks(stream: IO[bytes]) -> Iterator[bytes]:
+    while True:
+        data = stream.read(READ_SIZE)
+        if not data:
+            return
+        yield data
+
+
+def _open_input(path: str) -> tuple[IO[bytes], int | None]:
+    """The body's stream and, for a regular file, its length."""
+    if path == "-":
+        return sys.stdin.buffer, None
+    try:
+        f = open(path, "rb")
+    except OSError as exc:
+        raise UsageError(f"cannot read body {path!r}: {exc.strerror}") from None
+    size = os.fstat(f.fileno()).st_size if os.path.isfile(path) else None
+    return f, size
+
+
+def inspect_body(
+    chunks: Iterator[bytes],
+    *,
+    kind: str,
+    header_length: int | None,
+    content_length: int | None,
+    content_encoding: str | None,
+) -> tuple[InferenceHeader | None, list[TensorSummary], ProtocolError | None, int]:
+    """Parse a body chunk by chunk and summarize it.
+
+    Returns the header (None if the body failed before it), a summary per
+    completed tensor, the protocol error that ended the body (or None), and
+    the body bytes parsed.
+    """
+    header: InferenceHeader | None = None
+    summaries: list[TensorSummary] = []
+    current: TensorSummary | None = None
+    parser: Parser | None = None
+    try:
+        parser = Parser(
+            "request" if kind == "request" else "response",
+            header_length=header_length,
+            content_length=content_length,
+            content_encoding=content_encoding,
+        )
+        feed = iter(chunks)
+        done = False
+        while not done:
+            event = parser.next_event()
+            if event is NEED_DATA:
+                parser.receive_data(next(feed, b""))
+            elif type(event) is TensorChunk:
+                if current is None or current.info.index != event.index:
+                    assert header is not None
+                    current = TensorSummary(header.tensors[event.index])
+                current.feed(event.data)
+            elif type(event) is TensorComplete:
+                if current is None or current.info.index != event.index:
+                    current = TensorSummary(event.info)
+                    if event.info.array is not None:
+                        current.feed_array(event.info.array)
+                current.finish()
+                summaries.append(current)
+                current = None
+            elif type(event) is HeaderParsed:
+                header = event.header
+            elif type(event) is MessageComplete:
+                done = True
+    except ProtocolError as exc:
+        return header, summaries, exc, parser.bytes_parsed if parser is not None else 0
+    return header, summaries, None, parser.bytes_parsed
+
+
+def _abbreviated(obj: Any, indent: int = 0) -> str:
+    """Pretty JSON whose long lists of values are cut after a few items."""
+    pad = "  " * indent
+    if isinstance(obj, dict) and obj:
+        items = [f"{pad}  {json.dumps(k)}: {_abbreviated(v, indent + 1)}" for k, v in obj.items()]
+        return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+    if isinstance(obj, list) and any(isinstance(x, dict) for x in obj):
+        items = [f"{pad}  {_abbreviated(v, indent + 1)}" for v in obj]
+        return "[\n" + ",\n".join(items) + f"\n{pad}]"
+    if isinstance(obj, list) and len(obj) > 16:
+        shown = ", ".join(json.dumps(x) for x in obj[:16])
+        return f"[{shown}, ... ({len(obj) - 16} more)]"
+    return json.dumps(obj)
+
+
+def _value(v: Any) -> str:
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
+def _describe(summary: dict[str, Any]) -> str:
+    lines = [
+        f"  [{summary['index']}] {summary['name']}  {summary['datatype']}"
+        f"  shape {summary['shape']}  {summary['bytes']} bytes ({summary['where']})"
+    ]
+    if summary["first"]:
+        lines.append("      first: " + ", ".join(_value(v) for v in summary["first"]))
+    keys = ("min", "max", "mean", "true", "nan")
+    stats = [f"{key} {_value(summary[key])}" for key in keys if key in summary]
+    if stats:
+        lines.append("      " + "  ".join(stats))
+    return "\n".join(lines)
+
+
+def _error_dict(exc: ProtocolError) -> dict[str, Any]:
+    return {
+        "type": type(exc).__name__,
+        "message": exc.msg,
+        "offset": exc.offset,
+        "status_hint": exc.status_hint,
+    }
+
+
+def _error_line(exc: ProtocolError) -> str:
+    where = f" at byte {exc.offset}" if exc.offset is not None else ""
+    return f"{type(exc).__name__}{where} (status hint {exc.status_hint}): {exc.msg}"
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    headers = read_headers(args.headers) if args.headers else []
+    stream, size = _open_input(args.body)
+    try:
+        try:
+            header_length = args.header_length
+            if header_length is None and headers:
+                header_length = header_length_from(headers)
+            encoding = args.encoding
+            if encoding is None and headers:
+                encoding = content_encoding_from(headers)
+            content_length = size
+            declared = header_value(headers, "Content-Length") if headers else None
+            if declared is not None and declared.isdigit():
+                content_length = int(declared)
+        except ProtocolError as exc:
+            return _report(args, None, [], exc, 0)
+        header, summaries, error, parsed = inspect_body(
+            _chunks(stream),
+            kind=args.kind,
+            header_length=header_length,
+            content_length=content_length,
+            content_encoding=encoding,
+        )
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
+    return _report(args, header, summaries, error, parsed)
+
+
+def _report(
+    args: argparse.Namespace,
+    header: InferenceHeader | None,
+    summaries: list[TensorSummary],
+    error: ProtocolError | None,
+    parsed: int,
+) -> int:
+    tensors = [s.as_dict() for s in summaries]
+    if args.json:
+        out = {
+            "header": header.raw if header is not None else None,
+            "header_length": header.header_length if header is not None else None,
+            "tensors": tensors,
+            "body_bytes": parsed,
+            "error": _error_dict(error) if error is not None else None,
+        }
+        print(json.dumps(out, indent=2))
+    else:
+        if header is not None:
+            print(f"header ({header.header_length} bytes):")
+            print(_abbreviated(header.raw))
+            print(f"{'inputs' if header.kind == 'request' else 'outputs'}:")
+            for t in tensors:
+                print(_describe(t))
+        if error is None:
+            print(f"body: {parsed} bytes, complete")
+    if error is not None:
+        print(_error_line(error), file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_inspect(subparsers: Any) -> None:
+    """Register ``inspect``: summarize a body, or report its first fault."""
+    p = subparsers.add_parser(
+        "inspect",
+        help="print a body's JSON header and a summary of each tensor",
+        description="Parse a request or response body of the binary tensor data extension"
+        " and print its JSON header and, per tensor, name, datatype, shape, bytes and"
+        " a summary of its values. A malformed body ends with the exact error and the"
+        " byte offset where it was found (exit status 1).",
+    )
+    p.add_argument("body", metavar="BODY", help="file holding the body, or - for stdin")
+    length = p.add_mutually_exclusive_group()
+    length.add_argument(
+        "--header-length",
+        type=int,
+        metavar="N",
+        help=f"the {HEADER_LENGTH_NAME} (default: none, the body is plain JSON)",
+    )
+    length.add_argument(
+        "--headers",
+        metavar="FILE",
+        help=f"file of HTTP headers ('Name: value' lines) giving {HEADER_LENGTH_NAME},"
+        " Content-Encoding and Content-Length",
+    )
+    p.add_argument("--kind", choices=("request", "response"), default="request")
+    p.add_argument(
+        "--encoding", metavar="CODING", help="Content-Encoding of the body (gzip, deflate)"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object instead")
+    p.set_defaults(func=_run(_inspect))
+
+
+# -- encode --------------------------------------------------------------------
+
+
+def _load(spec: str) -> tuple[str, np.ndarray[Any, Any]]:
+    """``name=path.npy`` or ``name=path.npz[:key]`` → (name, array)."""
+    name, sep, source = spec.partition("=")
+    if not sep or not name or not source:
+        raise UsageError(f"expected name=path.npy or name=path.npz:key, got {spec!r}")
+    path, key = source, None
+    head, colon, tail = source.rpartition(":")
+    if colon and head.endswith(".npz"):
+        path, key = head, tail
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot load {path!r}: {exc}") from None
+    if isinstance(loaded, np.ndarray):
+        if key is not None:
+            raise UsageError(f"{path!r} is a .npy file: it has no key {key!r}")
+        return name, loaded
+    with loaded:
+        keys = list(loaded.files)
+        if key is None:
+            if len(keys) != 1:
+                raise UsageError(f"{path!r} holds {keys}: say which, as {path}:KEY")
+            key = keys[0]
+        if key not in keys:
+            raise UsageError(f"{path!r} has no array {key!r} (it has {keys})")
+        return name, np.asarray(loaded[key])
+
+
+def _encode(args: argparse.Namespace) -> int:
+    from ._compression import compress_buffers
+    from ._encode import encode_request, encode_response
+
+    arrays = dict(_load(spec) for spec in args.tensors)
+    json_names = {n for n in (args.json_inputs or "").split(",") if n}
+    unknown = json_names - set(arrays)
+    if unknown:
+        raise UsageError(f"--json-inputs names {sorted(unknown)} that are not given")
+    binary = set(arrays) - json_names
+    if args.kind == "request":
+        body = encode_request(arrays, binary=binary, model_name=args.model_name, id=args.id)
+    else:
+        body = encode_response(
+            arrays, model_name=args.model_name or "model", id=args.id, binary=binary
+        )
+    headers = list(body.headers)
+    pieces: Any = body.buffers
+    if args.encoding:
+        pieces = compress_buffers(body.buffers, args.encoding)
+    out = sys.stdout.buffer if args.output in (None, "-") else open(args.output, "wb")
+    written = 0
+    try:
+        for piece in pieces:
+            out.write(piece)
+            written += len(memoryview(piece))
+        out.flush()
+    finally:
+        if out is not sys.stdout.buffer:
+            out.close()
+    if args.encoding:
+        headers = [(n, str(written) if n == "Content-Length" else v) for n, v in headers]
+        headers.append(("Content-Encoding", args.encoding))
+    text = _format_headers(headers)
+    if args.headers_out:
+        Path(args.headers_out).write_text(text, encoding="latin-1")
+    else:
+        sys.stderr.write(text)
+    return 0
+
+
+def add_encode(subparsers: Any) -> None:
+    """Register ``encode``: build a body from .npy/.npz files."""
+    p = subparsers.add_parser(
+        "encode",
+        help="build a request or response body from .npy/.npz files",
+        description="Encode arrays from .npy/.npz files as a body of the binary tensor"
+        " data extension. Writes the body (to stdout by default) and its HTTP headers"
+        " (to stderr unless --headers-out is given).",
+    )
+    p.add_argument(
+        "tensors",
+        nargs="+",
+        metavar="NAME=PATH",
+        help="a tensor: name=file.npy, or name=file.npz:key (the key may be left out"
+        " when the file holds one array)",
+    )
+    p.add_argument("--kind", choices=("request", "response"), default="request")
+    p.add_argument(
+        "--json-inputs",
+        metavar="NAMES",
+        help="comma-separated tensor names sent as JSON data instead of binary",
+    )
+    p.add_argument("--model-name", help="model_name in the JSON header")
+    p.add_argument("--id", help="id in the JSON header")
+    p.add_argument("--encoding", choices=("gzip", "deflate"), help="compress the body")
+    p.add_argument("-o", "--output", metavar="BODY", help="file to write the body to (- stdout)")
+    p.add_argument("--headers-out", metavar="FILE", help="file to write the HTTP headers to")
+    p.set_defaults(func=_run(_encode))
+
+
+# -- bench ---------------------------------------------------------------------
+
+
+def checkout_root() -> Path:
+    """The directory above the ``binproto`` package (a source checkout's root)."""
+    return Path(__file__).resolve().parent.parent
+
+
+def _bench(args: argparse.Namespace) -> int:
+    root = checkout_root()
+    if not (root / "benchmarks" / "run.py").is_file():
+        print(
+            "binproto bench runs the benchmark suite of a binproto source checkout"
+            f" (benchmarks/run.py), and there is none in {root}. Clone the repository and"
+            ' install it with `pip install -e ".[all]"`, then run `binproto bench`.',
+            file=sys.stderr,
+        )
+        return 2
+    command = [sys.executable, "-m", "benchmarks.run", *args.args]
+    return subprocess.call(command, cwd=root)
+
+
+def add_bench(subparsers: Any) -> None:
+    """Register ``bench``: run ``python -m benchmarks.run`` with the given arguments."""
+    p = subparsers.add_parser(
+        "bench",
+        help="run the benchmark suite (arguments go to benchmarks.run)",
+        description="Run the benchmark suite of this checkout (python -m benchmarks.run);"
+        " every argument is passed on.",
+        add_help=False,
+        prefix_chars="\0",  # every argument, --help included, goes to benchmarks.run
+    )
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_bench)
+
+
+def _run(command: Any) -> Any:
+    """Wrap a command so usage mistakes print one line and exit with status 2."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            result: int = command(args)
+        except UsageError as exc:
+            print(f"binproto {args.command}: {exc}", file=sys.stderr)
+            return 2
+        except LocalProtocolError as exc:
+            print(f"binproto {args.command}: {exc}", file=sys.stderr)
+            return 2
+        return result
+
+    return run
