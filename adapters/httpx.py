@@ -1,0 +1,412 @@
+"""binproto over httpx: send encoded requests unjoined, parse responses as they arrive.
+
+Sync and async helpers for the V2 inference endpoint
+``POST /v2/models/{name}[/versions/{version}]/infer``::
+
+    with httpx.Client(base_url="http://127.0.0.1:8000") as client:
+        result = infer(client, "echo", {"x": np.arange(4, dtype=np.float32)})
+        result.tensors["x"]
+
+    async with httpx.AsyncClient(base_url=...) as client:
+        async with astream_infer(client, "echo", inputs) as events:
+            async for event in events:
+                ...
+
+The request body goes out as streaming request content with its
+``Content-Length`` set: an iterator over views of ``body.buffers`` (views of at
+most ``chunk_size`` bytes, since the HTTP layer below copies each piece it is
+given once), so the tensors are never joined. The response is read with
+``iter_raw`` / ``aiter_raw``, the bytes as they came over the wire, and fed to
+a :class:`binproto.Parser` that handles the ``Content-Encoding`` itself; the
+``Accept-Encoding`` sent names only the encodings binproto can decode.
+
+A response with an error status raises :class:`HTTPError` with the V2
+``{"error": ...}`` message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import quote
+
+import httpx
+
+import binproto
+from binproto import (
+    DecodedMessage,
+    Event,
+    Limits,
+    MessageComplete,
+    Parser,
+    ParserState,
+    RemoteProtocolError,
+    TensorAssembler,
+)
+from binproto._assemble import Destinations
+from binproto._http import header_value
+from binproto._parser import as_byte_view
+from binproto.adapters.h11 import HTTPError, error_message
+
+if TYPE_CHECKING:
+    from binproto import EncodedBody
+
+__all__ = [
+    "CHUNK_SIZE",
+    "HTTPError",
+    "ainfer",
+    "aiter_events",
+    "aread_response",
+    "arequest_content",
+    "astream_infer",
+    "infer",
+    "infer_path",
+    "iter_events",
+    "parser_for_response",
+    "read_response",
+    "request_content",
+    "request_headers",
+    "stream_infer",
+]
+
+#: The largest view of a request buffer handed to httpx at once.
+CHUNK_SIZE = 1 << 20
+
+#: Most bytes of an error response body read into memory.
+MAX_ERROR_BODY = 1 << 20
+
+
+def _accept_encoding() -> str:
+    """The encodings binproto's parser can decode, for ``Accept-Encoding``."""
+    if getattr(binproto, "content_encoding_from", None) is None:
+        return "identity"
+    return "gzip, deflate"
+
+
+def infer_path(model_name: str, model_version: str | None = None) -> str:
+    """The path of a model's V2 inference endpoint (names are URL-quoted)."""
+    path = f"/v2/models/{quote(model_name, safe='')}"
+    if model_version:
+        path += f"/versions/{quote(model_version, safe='')}"
+    return path + "/infer"
+
+
+def request_content(body: EncodedBody, chunk_size: int = CHUNK_SIZE) -> Iterator[memoryview]:
+    """The body's buffers as byte views of at most ``chunk_size`` bytes (no copy).
+
+    Pass it as ``content=`` with :func:`request_headers` (which sets
+    ``Content-Length``) so httpx streams it rather than joining it.
+    """
+    for buffer in body.buffers:
+        view = as_byte_view(buffer)
+        for start in range(0, len(view), chunk_size):
+            yield view[start : start + chunk_size]
+
+
+async def arequest_content(
+    body: EncodedBody, chunk_size: int = CHUNK_SIZE
+) -> AsyncIterator[memoryview]:
+    """:func:`request_content` as an async iterator, for ``httpx.AsyncClient``."""
+    for piece in request_content(body, chunk_size):
+        yield piece
+
+
+def _content(pieces: Iterator[memoryview]) -> Iterable[bytes]:
+    # httpx's annotation says bytes; it passes each piece to h11, which takes
+    # any bytes-like object. Views keep the tensors unjoined.
+    return cast("Iterable[bytes]", pieces)
+
+
+def _acontent(pieces: AsyncIterator[memoryview]) -> AsyncIterable[bytes]:
+    return cast("AsyncIterable[bytes]", pieces)
+
+
+def request_headers(body: EncodedBody, headers: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The HTTP headers for sending ``body``: its framing, ``Accept-Encoding``, then ``headers``."""
+    out = {str(k): str(v) for k, v in body.headers}
+    out["Accept-Encoding"] = _accept_encoding()
+    if headers:
+        out.update(headers)
+    return out
+
+
+def parser_for_response(
+    response: httpx.Response, *, limits: Limits | None = None, strict_bool: bool = True
+) -> Parser:
+    """A response :class:`binproto.Parser` configured from the response headers.
+
+    ``Inference-Header-Content-Length``, ``Content-Length`` and
+    ``Content-Encoding`` (decoded by binproto, when the core supports it) come
+    from the response; bad values raise :class:`binproto.RemoteProtocolError`.
+    """
+    headers = list(response.headers.raw)
+    text = header_value(headers, "content-length")
+    content_length = int(text) if text is not None and text.isdigit() else None
+    options: dict[str, Any] = {}
+    encoding_from = getattr(binproto, "content_encoding_from", None)
+    if encoding_from is not None:
+        encoding = encoding_from(headers)
+        if encoding is not None:
+            options["content_encoding"] = encoding
+    else:
+        encoding = header_value(headers, "content-encoding")
+        if encoding not in (None, "", "identity"):
+            raise RemoteProtocolError(
+                f"unsupported Content-Encoding: {encoding!r}", status_hint=415
+            )
+    body_length = None if options else content_length
+    header_length = binproto.header_length_from(headers, content_length=body_length)
+    return Parser(
+        "response",
+        header_length=header_length,
+        content_length=body_length,
+        limits=limits,
+        strict_bool=strict_bool,
+        **options,
+    )
+
+
+def _check_status(response: httpx.Response, body: bytes) -> None:
+    if not 200 <= response.status_code < 300:
+        raise error_message(response.status_code, body)
+
+
+def _feed(parser: Parser, chunk: bytes) -> Iterator[Event]:
+    if len(chunk):
+        parser.receive_data(chunk)
+        yield from parser.events()
+
+
+def _finish(parser: Parser) -> Iterator[Event]:
+    if parser.state is not ParserState.DONE:
+        parser.receive_data(b"")
+        yield from parser.events()
+
+
+def iter_events(
+    response: httpx.Response,
+    *,
+    parser: Parser | None = None,
+    limits: Limits | None = None,
+    strict_bool: bool = True,
+) -> Iterator[Event]:
+    """Parse a streamed response (``client.stream(...)``) as it arrives.
+
+    Reads with ``iter_raw`` (binproto decodes the content encoding); raises
+    :class:`HTTPError` for an error status (its body, decoded by httpx, gives
+    the message) and :class:`binproto.RemoteProtocolError` for a bad body. A
+    :class:`~binproto.TensorChunk`'s data is valid until the next event is
+    requested.
+    """
+    if not 200 <= response.status_code < 300:
+        _check_status(response, _read_limited(response.iter_bytes()))
+    if parser is None:
+        parser = parser_for_response(response, limits=limits, strict_bool=strict_bool)
+    for chunk in response.iter_raw():
+        yield from _feed(parser, chunk)
+    yield from _finish(parser)
+
+
+async def aiter_events(
+    response: httpx.Response,
+    *,
+    parser: Parser | None = None,
+    limits: Limits | None = None,
+    strict_bool: bool = True,
+) -> AsyncIterator[Event]:
+    """:func:`iter_events` for an ``httpx.AsyncClient`` response (``aiter_raw``)."""
+    if not 200 <= response.status_code < 300:
+        _check_status(response, await _aread_limited(response.aiter_bytes()))
+    if parser is None:
+        parser = parser_for_response(response, limits=limits, strict_bool=strict_bool)
+    async for chunk in response.aiter_raw():
+        for event in _feed(parser, chunk):
+            yield event
+    for event in _finish(parser):
+        yield event
+
+
+def _read_limited(chunks: Iterator[bytes]) -> bytes:
+    data = bytearray()
+    for chunk in chunks:
+        data += chunk[: MAX_ERROR_BODY - len(data)]
+        if len(data) >= MAX_ERROR_BODY:
+            break
+    return bytes(data)
+
+
+async def _aread_limited(chunks: AsyncIterator[bytes]) -> bytes:
+    data = bytearray()
+    async for chunk in chunks:
+        data += chunk[: MAX_ERROR_BODY - len(data)]
+        if len(data) >= MAX_ERROR_BODY:
+            break
+    return bytes(data)
+
+
+def _message(assembler: TensorAssembler) -> DecodedMessage:
+    assert assembler.header is not None
+    return DecodedMessage(
+        header=assembler.header,
+        tensors=assembler.tensors,
+        shared_memory=tuple(assembler.shared_memory),
+    )
+
+
+def read_response(
+    response: httpx.Response,
+    *,
+    destinations: Destinations = None,
+    limits: Limits | None = None,
+    strict_bool: bool = True,
+) -> DecodedMessage:
+    """Read a streamed response into numpy arrays as it arrives (one copy per byte)."""
+    assembler = TensorAssembler(destinations)
+    for event in iter_events(response, limits=limits, strict_bool=strict_bool):
+        assembler.feed(event)
+        if type(event) is MessageComplete:
+            break
+    return _message(assembler)
+
+
+async def aread_response(
+    response: httpx.Response,
+    *,
+    destinations: Destinations = None,
+    limits: Limits | None = None,
+    strict_bool: bool = True,
+) -> DecodedMessage:
+    """:func:`read_response` for an ``httpx.AsyncClient`` response."""
+    assembler = TensorAssembler(destinations)
+    async for event in aiter_events(response, limits=limits, strict_bool=strict_bool):
+        assembler.feed(event)
+        if type(event) is MessageComplete:
+            break
+    return _message(assembler)
+
+
+def _encode(inputs: Any, options: dict[str, Any]) -> EncodedBody:
+    if hasattr(inputs, "buffers") and hasattr(inputs, "headers"):
+        if options:
+            raise TypeError("encoding options cannot be given with an already encoded body")
+        encoded: EncodedBody = inputs
+        return encoded
+    if options.get("outputs") is None:
+        # Ask for every output in binary unless told otherwise (as tritonclient does).
+        options.setdefault("binary_data_output", True)
+    return binproto.encode_request(inputs, **options)
+
+
+@contextmanager
+def stream_infer(
+    client: httpx.Client,
+    model_name: str,
+    inputs: Any,
+    *,
+    model_version: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    limits: Limits | None = None,
+    strict_bool: bool = True,
+    chunk_size: int = CHUNK_SIZE,
+    **encode_options: Any,
+) -> Iterator[Iterator[Event]]:
+    """Send an inference request; give the response's events as they arrive.
+
+    ``inputs`` is an :class:`binproto.EncodedBody`, or what
+    :func:`binproto.encode_request` takes (``encode_options`` are passed on:
+    ``outputs``, ``binary_data_output``, ``parameters``, ``id``, ``binary``).
+    Without ``outputs``, ``binary_data_output`` defaults to true: every output
+    comes back binary.
+    Use as ``with stream_infer(...) as events: for event in events: ...``;
+    the response is closed on leaving the block.
+    """
+    body = _encode(inputs, encode_options)
+    with client.stream(
+        "POST",
+        infer_path(model_name, model_version),
+        content=_content(request_content(body, chunk_size)),
+        headers=request_headers(body, headers),
+    ) as response:
+        yield iter_events(response, limits=limits, strict_bool=strict_bool)
+
+
+@asynccontextmanager
+async def astream_infer(
+    client: httpx.AsyncClient,
+    model_name: str,
+    inputs: Any,
+    *,
+    model_version: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    limits: Limits | None = None,
+    strict_bool: bool = True,
+    chunk_size: int = CHUNK_SIZE,
+    **encode_options: Any,
+) -> AsyncIterator[AsyncIterator[Event]]:
+    """:func:`stream_infer` for ``httpx.AsyncClient`` (``async with`` / ``async for``)."""
+    body = _encode(inputs, encode_options)
+    async with client.stream(
+        "POST",
+        infer_path(model_name, model_version),
+        content=_acontent(arequest_content(body, chunk_size)),
+        headers=request_headers(body, headers),
+    ) as response:
+        yield aiter_events(response, limits=limits, strict_bool=strict_bool)
+
+
+def infer(
+    client: httpx.Client,
+    model_name: str,
+    inputs: Any,
+    *,
+    model_version: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    destinations: Destinations = None,
+    limits: Limits | None = None,
+    strict_bool: bool = True,
+    chunk_size: int = CHUNK_SIZE,
+    **encode_options: Any,
+) -> DecodedMessage:
+    """Send an inference request; return the response header and its tensors as arrays.
+
+    See :func:`stream_infer` for ``inputs`` and ``encode_options``; binary
+    output tensors are assembled as they arrive, into ``destinations`` when
+    given (see :class:`binproto.TensorAssembler`).
+    """
+    body = _encode(inputs, encode_options)
+    with client.stream(
+        "POST",
+        infer_path(model_name, model_version),
+        content=_content(request_content(body, chunk_size)),
+        headers=request_headers(body, headers),
+    ) as response:
+        return read_response(
+            response, destinations=destinations, limits=limits, strict_bool=strict_bool
+        )
+
+
+async def ainfer(
+    client: httpx.AsyncClient,
+    model_name: str,
+    inputs: Any,
+    *,
+    model_version: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    destinations: Destinations = None,
+    limits: Limits | None = None,
+    strict_bool: bool = True,
+    chunk_size: int = CHUNK_SIZE,
+    **encode_options: Any,
+) -> DecodedMessage:
+    """:func:`infer` for ``httpx.AsyncClient``."""
+    body = _encode(inputs, encode_options)
+    async with client.stream(
+        "POST",
+        infer_path(model_name, model_version),
+        content=_acontent(arequest_content(body, chunk_size)),
+        headers=request_headers(body, headers),
+    ) as response:
+        return await aread_response(
+            response, destinations=destinations, limits=limits, strict_bool=strict_bool
+        )

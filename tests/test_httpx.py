@@ -1,0 +1,359 @@
+"""The httpx adapter: binproto's sync and async clients against the FastAPI example
+under uvicorn, and against in-process transports for framing and encodings."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import tracemalloc
+import zlib
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+import binproto
+from binproto import RequestedOutput
+from binproto.adapters import httpx as bphttpx
+from tests.example_server import Server, run_example_server
+from tests.helpers import arrays_equal
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    with run_example_server() as srv:
+        yield srv
+
+
+def sample(datatype: str) -> np.ndarray[Any, Any]:
+    if datatype == "BYTES":
+        return np.array([b"abc", b"", b"\xff\xfe not utf-8"], dtype=np.object_)
+    if datatype == "BOOL":
+        return np.array([[True, False, True]])
+    dtype = binproto.DATATYPES[datatype].dtype
+    return (np.arange(6) * 3 - 5).astype(dtype).reshape(3, 2)
+
+
+DATATYPES = ["BOOL", "UINT8", "INT8", "UINT32", "INT64", "FP16", "FP32", "FP64", "BYTES"]
+
+
+@pytest.mark.parametrize("datatype", DATATYPES)
+def test_infer_binary_round_trip(server: Server, datatype: str) -> None:
+    arr = sample(datatype)
+    with httpx.Client(base_url=server.url) as client:
+        result = bphttpx.infer(client, "echo", {"x": arr}, id="req-1")
+    assert arrays_equal(result.tensors["x"], arr)
+    assert result.header.kind == "response"
+    assert result.header.model_name == "echo" and result.header.id == "req-1"
+    assert result.header.tensor("x").datatype == datatype
+    assert result.header.tensor("x").binary_size is not None
+
+
+def test_infer_json_inputs_and_outputs(server: Server) -> None:
+    inputs: dict[str, np.ndarray[Any, Any]] = {
+        "i": np.array([[1, -2], [3, 4]], dtype=np.int32),
+        "f": np.array([0.5, -1.5], dtype=np.float64),
+        "s": np.array([b"text", b""], dtype=np.object_),
+        "b": np.array([True, False]),
+    }
+    outputs = [RequestedOutput(name, binary_data=False) for name in inputs]
+    with httpx.Client(base_url=server.url) as client:
+        result = bphttpx.infer(client, "echo", inputs, binary=False, outputs=outputs)
+    for name, arr in inputs.items():
+        assert arrays_equal(result.tensors[name], arr), name
+        assert result.header.tensor(name).binary_size is None
+        assert result.header.tensor(name).data is not None
+
+
+def test_infer_mixed_policy_and_version_path(server: Server) -> None:
+    inputs: dict[str, np.ndarray[Any, Any]] = {
+        "a": np.arange(4, dtype=np.float32),
+        "b": np.arange(3, dtype=np.int16),
+    }
+    with httpx.Client(base_url=server.url) as client:
+        result = bphttpx.infer(
+            client,
+            "echo",
+            inputs,
+            model_version="1",
+            binary={"a"},
+            outputs=[RequestedOutput("b", binary_data=True), RequestedOutput("a")],
+        )
+    # The listed outputs, in the request's order; "a" has no binary_data and the
+    # request no binary_data_output: JSON.
+    assert [t.name for t in result.header.tensors] == ["b", "a"]
+    assert result.header.tensor("a").binary_size is None
+    assert result.header.tensor("b").binary_size == 6
+    assert arrays_equal(result.tensors["a"], inputs["a"])
+    assert arrays_equal(result.tensors["b"], inputs["b"])
+    assert result.header.model_version == "1"
+
+
+def test_zero_size_and_many_tensors(server: Server) -> None:
+    inputs = {
+        "empty": np.zeros((0, 5), dtype=np.float32),
+        "empty_bytes": np.array([], dtype=np.object_),
+        **{f"t{i}": sample(dt) for i, dt in enumerate(DATATYPES)},
+    }
+    with httpx.Client(base_url=server.url) as client:
+        result = bphttpx.infer(client, "echo", inputs)
+    for name, arr in inputs.items():
+        assert arrays_equal(result.tensors[name], arr), name
+
+
+def test_ainfer_round_trip(server: Server) -> None:
+    inputs = {dt: sample(dt) for dt in DATATYPES}
+
+    async def go() -> binproto.DecodedMessage:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            return await bphttpx.ainfer(client, "echo", inputs)
+
+    result = asyncio.run(go())
+    for name, arr in inputs.items():
+        assert arrays_equal(result.tensors[name], arr), name
+
+
+def merged(events: list[binproto.Event]) -> dict[str, bytes]:
+    """Each tensor's bytes from its chunks (checking they come in order)."""
+    out: dict[str, bytearray] = {}
+    for ev in events:
+        if type(ev) is binproto.TensorChunk:
+            buf = out.setdefault(ev.name, bytearray())
+            assert ev.offset == len(buf)
+            buf += ev.data
+    return {k: bytes(v) for k, v in out.items()}
+
+
+def test_stream_infer_events(server: Server) -> None:
+    arr = np.arange(300_000, dtype=np.float32)  # several network reads
+    with httpx.Client(base_url=server.url) as client:
+        with bphttpx.stream_infer(client, "echo", {"x": arr}) as stream:
+            events = []
+            for ev in stream:
+                if type(ev) is binproto.TensorChunk:
+                    ev = binproto.TensorChunk(
+                        index=ev.index,
+                        name=ev.name,
+                        offset=ev.offset,
+                        data=memoryview(bytes(ev.data)),
+                    )
+                events.append(ev)
+    assert type(events[0]) is binproto.HeaderParsed
+    assert type(events[-1]) is binproto.MessageComplete
+    assert type(events[-2]) is binproto.TensorComplete
+    chunks = [ev for ev in events if type(ev) is binproto.TensorChunk]
+    assert len(chunks) > 1  # it came incrementally
+    assert merged(events)["x"] == arr.tobytes()
+
+
+def test_astream_infer_events(server: Server) -> None:
+    arr = np.arange(300_000, dtype=np.int32)
+
+    async def go() -> tuple[list[type], bytes]:
+        kinds: list[type] = []
+        data = bytearray()
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            async with bphttpx.astream_infer(client, "echo", {"x": arr}) as stream:
+                async for ev in stream:
+                    kinds.append(type(ev))
+                    if type(ev) is binproto.TensorChunk:
+                        assert ev.offset == len(data)
+                        data += ev.data
+        return kinds, bytes(data)
+
+    kinds, data = asyncio.run(go())
+    assert kinds[0] is binproto.HeaderParsed and kinds[-1] is binproto.MessageComplete
+    assert kinds.count(binproto.TensorChunk) > 1
+    assert data == arr.tobytes()
+
+
+def test_server_errors_raise_http_error(server: Server) -> None:
+    x = {"x": np.ones(2, dtype=np.float32)}
+    with httpx.Client(base_url=server.url) as client:
+        with pytest.raises(bphttpx.HTTPError) as info:
+            bphttpx.infer(client, "nope", x)
+        assert info.value.status == 404
+        assert "unknown model" in info.value.message
+        with pytest.raises(bphttpx.HTTPError) as info:
+            bphttpx.infer(client, "echo", x, outputs=[RequestedOutput("y")])
+        assert info.value.status == 400
+        assert "unexpected inference output 'y'" in info.value.message
+
+    async def go() -> bphttpx.HTTPError:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            with pytest.raises(bphttpx.HTTPError) as ainfo:
+                await bphttpx.ainfer(client, "nope", x)
+        return ainfo.value
+
+    assert asyncio.run(go()).status == 404
+
+
+# -- framing, without a server ----------------------------------------------------------
+
+
+def test_request_content_is_unjoined_views() -> None:
+    arr = np.arange(3 * MiB // 4 + 1, dtype=np.float32)
+    body = binproto.encode_request({"x": arr})
+    pieces = list(bphttpx.request_content(body, chunk_size=MiB))
+    assert [len(p) for p in pieces] == [len(body.json), MiB, MiB, MiB, 4]
+    for piece in pieces[1:]:
+        assert isinstance(piece, memoryview)
+        assert np.shares_memory(np.frombuffer(piece, dtype=np.uint8), arr)
+    assert b"".join(pieces) == bytes(body)
+
+
+class EchoTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
+    """Answers each request with its tensors echoed, optionally compressed with
+    ``encoding`` or cut ``cut`` bytes short; records the request pieces as they
+    came from the client (httpx's own mock transport would join them first)."""
+
+    def __init__(self, *, encoding: str | None = None, cut: int = 0) -> None:
+        self.encoding = encoding
+        self.cut = cut
+        self.pieces: list[Any] = []
+        self.headers = httpx.Headers()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        assert isinstance(request.stream, httpx.SyncByteStream)
+        return self._answer(request, list(request.stream))
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        assert isinstance(request.stream, httpx.AsyncByteStream)
+        return self._answer(request, [p async for p in request.stream])
+
+    def _answer(self, request: httpx.Request, pieces: list[Any]) -> httpx.Response:
+        self.pieces = pieces
+        self.headers = request.headers
+        data = b"".join(bytes(p) for p in pieces)
+        hl = int(request.headers["inference-header-content-length"])
+        decoded = binproto.decode_request(data, header_length=hl)
+        body = binproto.encode_response(decoded.tensors, model_name="m", request=decoded.header)
+        raw = bytes(body)
+        headers = [(k, v) for k, v in body.headers if k.lower() != "content-length"]
+        if self.encoding == "gzip":
+            raw = gzip.compress(raw)
+        elif self.encoding == "deflate":
+            raw = zlib.compress(raw)
+        elif self.encoding is not None:
+            raw = raw[::-1]  # stands for an encoding binproto does not know
+        if self.encoding is not None:
+            headers.append(("Content-Encoding", self.encoding))
+        raw = raw[: len(raw) - self.cut]
+        headers.append(("Content-Length", str(len(raw))))
+        return httpx.Response(200, headers=headers, stream=Pieces(raw))
+
+
+class Pieces(httpx.SyncByteStream, httpx.AsyncByteStream):
+    """A response body that arrives in small pieces (sync or async)."""
+
+    def __init__(self, data: bytes, size: int = 1000) -> None:
+        self.data = data
+        self.size = size
+
+    def __iter__(self) -> Iterator[bytes]:
+        for i in range(0, len(self.data), self.size):
+            yield self.data[i : i + self.size]
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for piece in self:
+            yield piece
+
+
+def test_request_is_streamed_with_content_length() -> None:
+    arr = np.arange(2 * MiB // 4, dtype=np.float32)
+    transport = EchoTransport()
+    with httpx.Client(base_url="http://test", transport=transport) as client:
+        result = bphttpx.infer(client, "echo", {"x": arr}, chunk_size=MiB)
+    assert arrays_equal(result.tensors["x"], arr)
+    headers = transport.headers
+    assert "transfer-encoding" not in headers
+    body = binproto.encode_request({"x": arr}, binary_data_output=True)
+    assert headers["content-length"] == str(body.content_length)
+    assert headers["inference-header-content-length"] == str(body.header_length)
+    # The tensor went out as views of the caller's array, never joined.
+    tensor_pieces = transport.pieces[1:]
+    assert len(tensor_pieces) == 2
+    for piece in tensor_pieces:
+        assert np.shares_memory(np.frombuffer(piece, dtype=np.uint8), arr)
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_compressed_response_is_decoded_by_binproto(encoding: str) -> None:
+    inputs = {"x": np.arange(50_000, dtype=np.float64), "s": sample("BYTES")}
+    transport = EchoTransport(encoding=encoding)
+    with httpx.Client(base_url="http://test", transport=transport) as client:
+        result = bphttpx.infer(client, "echo", inputs)
+    assert transport.headers["accept-encoding"] == "gzip, deflate"
+    for name, arr in inputs.items():
+        assert arrays_equal(result.tensors[name], arr), name
+
+    async def go() -> binproto.DecodedMessage:
+        async with httpx.AsyncClient(base_url="http://test", transport=transport) as client:
+            return await bphttpx.ainfer(client, "echo", inputs)
+
+    result = asyncio.run(go())
+    for name, arr in inputs.items():
+        assert arrays_equal(result.tensors[name], arr), name
+
+
+def test_unsupported_response_encoding() -> None:
+    transport = EchoTransport(encoding="br")
+    with httpx.Client(base_url="http://test", transport=transport) as client:
+        with pytest.raises(binproto.RemoteProtocolError) as info:
+            bphttpx.infer(client, "echo", {"x": np.ones(3, dtype=np.float32)})
+    assert info.value.status_hint == 415
+
+
+def test_truncated_response_is_an_error() -> None:
+    transport = EchoTransport(cut=5)
+    with httpx.Client(base_url="http://test", transport=transport) as client:
+        with pytest.raises(binproto.RemoteProtocolError) as info:
+            bphttpx.infer(client, "echo", {"x": np.ones(30, dtype=np.float32)})
+    assert "header announces" in str(info.value)
+
+
+def test_error_body_that_is_not_v2_json() -> None:
+    transport = httpx.MockTransport(lambda request: httpx.Response(502, content=b"bad gateway"))
+    with httpx.Client(base_url="http://test", transport=transport) as client:
+        with pytest.raises(bphttpx.HTTPError) as info:
+            bphttpx.infer(client, "echo", {"x": np.ones(3, dtype=np.float32)})
+    assert info.value.status == 502 and info.value.message == "bad gateway"
+
+
+def test_infer_path_quotes_names() -> None:
+    assert bphttpx.infer_path("a/b c") == "/v2/models/a%2Fb%20c/infer"
+    assert bphttpx.infer_path("m", "2") == "/v2/models/m/versions/2/infer"
+
+
+def test_encoded_body_with_options_is_refused() -> None:
+    body = binproto.encode_request({"x": np.ones(1, dtype=np.float32)})
+    with httpx.Client(base_url="http://test", transport=EchoTransport()) as client:
+        with pytest.raises(TypeError):
+            bphttpx.infer(client, "echo", body, binary=False)
+        result = bphttpx.infer(client, "echo", body)
+    assert result.tensors["x"].tolist() == [1.0]
+
+
+# -- 256 MiB back to the client, bounded memory ------------------------------------------
+
+
+@pytest.mark.slow
+def test_256mib_response_client_memory_bounded(server: Server) -> None:
+    payload = 256 * MiB
+    arr = np.full(payload // 4, 0.5, dtype=np.float32)
+    arr[::4096] = np.arange(arr[::4096].size, dtype=np.float32)
+    with httpx.Client(base_url=server.url, timeout=120) as client:
+        tracemalloc.start()
+        try:
+            result = bphttpx.infer(client, "echo", {"x": arr})
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert np.array_equal(result.tensors["x"], arr)
+    # The request is sent from the caller's array and the response lands in one
+    # new array: one payload, plus pieces of a MiB.
+    assert peak <= 1.1 * payload, peak / payload
