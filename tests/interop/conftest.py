@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from .binproto_servers import BACKENDS, running_binproto_server
 from .kserve_peer import KServePeer, running_kserve
 
 
@@ -25,3 +26,15 @@ def kserve_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KServePe
     except RuntimeError as exc:
         tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
         raise RuntimeError(f"{exc}\n--- KServe server log ---\n{tail}") from exc
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def binproto_server(request: pytest.FixtureRequest) -> Iterator[tuple[str, int]]:
+    """binproto's reference server (echo model) on 127.0.0.1: (backend, port)."""
+    backend: str = request.param
+    if backend == "trio":
+        pytest.importorskip("binproto.adapters.trio")
+    else:
+        pytest.importorskip("binproto.adapters.asyncio")
+    with running_binproto_server(backend) as port:
+        yield backend, port

@@ -1,0 +1,100 @@
+"""Run binproto's asyncio or trio reference server (echo model) in a thread.
+
+The interop tests point real clients (tritonclient's sync and aio clients) at
+it over 127.0.0.1. Each backend runs its own event loop in a daemon thread; the
+context manager stops it and joins the thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+#: The server flavours: asyncio with in-place receive (BufferedProtocol),
+#: asyncio streams, and trio (recv_into).
+BACKENDS = ("asyncio", "asyncio-streams", "trio")
+HOST = "127.0.0.1"
+
+
+@contextlib.contextmanager
+def _asyncio_server(zero_copy: bool) -> Iterator[int]:
+    from binproto.adapters import asyncio as adapter
+
+    started = threading.Event()
+    box: dict[str, Any] = {}
+
+    async def main() -> None:
+        server = await adapter.start_server(host=HOST, port=0, zero_copy=zero_copy)
+        box["port"] = server.sockets[0].getsockname()[1]
+        box["stop"] = stop = asyncio.Event()
+        box["loop"] = asyncio.get_running_loop()
+        started.set()
+        async with server:
+            await stop.wait()
+
+    def run() -> None:
+        try:
+            asyncio.run(main())
+        except BaseException as exc:  # report start-up failures to the caller
+            box["error"] = exc
+            started.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    started.wait(30)
+    if "port" not in box:
+        raise RuntimeError(f"the asyncio server did not start: {box.get('error')!r}")
+    try:
+        yield box["port"]
+    finally:
+        box["loop"].call_soon_threadsafe(box["stop"].set)
+        thread.join(10)
+
+
+@contextlib.contextmanager
+def _trio_server() -> Iterator[int]:
+    import trio
+
+    from binproto.adapters import trio as adapter
+
+    started = threading.Event()
+    box: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            box["port"] = await nursery.start(adapter.serve)
+            box["cancel"] = nursery.cancel_scope.cancel
+            box["token"] = trio.lowlevel.current_trio_token()
+            started.set()
+
+    def run() -> None:
+        try:
+            trio.run(main)
+        except BaseException as exc:
+            box["error"] = exc
+            started.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    started.wait(30)
+    if "port" not in box:
+        raise RuntimeError(f"the trio server did not start: {box.get('error')!r}")
+    try:
+        yield box["port"]
+    finally:
+        trio.from_thread.run_sync(box["cancel"], trio_token=box["token"])
+        thread.join(10)
+
+
+@contextlib.contextmanager
+def running_binproto_server(backend: str) -> Iterator[int]:
+    """Serve binproto's echo model with ``backend``; yields the port on 127.0.0.1."""
+    if backend == "trio":
+        with _trio_server() as port:
+            yield port
+    else:
+        with _asyncio_server(zero_copy=backend == "asyncio") as port:
+            yield port
