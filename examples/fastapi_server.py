@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import argparse
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -36,22 +36,23 @@ import binproto
 from binproto.adapters.asgi import EncodedResponse, error_response, read_request
 
 Tensors = dict[str, np.ndarray[Any, Any]]
-#: A model: the request header and its input tensors in, output tensors out.
-Model = Callable[[binproto.InferenceHeader, Tensors], Tensors]
+#: A model: its name, the request header and the input tensors in; output
+#: tensors out (arrays, or :class:`binproto.Tensor` to set a datatype).
+Model = Callable[[str, binproto.InferenceHeader, Tensors], Mapping[str, Any]]
 
 
-def echo(header: binproto.InferenceHeader, inputs: Tensors) -> Tensors:
-    """Each input comes back as the output of the same name (the same array)."""
-    if header.requested_outputs is None:
-        return inputs
-    outputs: Tensors = {}
-    for requested in header.requested_outputs:
-        if requested.name not in inputs:
+def echo(model: str, header: binproto.InferenceHeader, inputs: Tensors) -> Mapping[str, Any]:
+    """Each input comes back as the output of the same name and datatype (the same array)."""
+    wanted = header.requested_outputs
+    names = [o.name for o in wanted] if wanted is not None else list(inputs)
+    outputs: dict[str, binproto.Tensor] = {}
+    for name in names:
+        if name not in inputs:
             raise binproto.RemoteProtocolError(
-                f"unexpected inference output '{requested.name}' for model"
-                f" '{header.model_name or 'echo'}'"
+                f"unexpected inference output '{name}' for model '{model}'"
             )
-        outputs[requested.name] = inputs[requested.name]
+        datatype = header.tensor(name).datatype
+        outputs[name] = binproto.Tensor(name, inputs[name], datatype=datatype)
     return outputs
 
 
@@ -117,7 +118,7 @@ async def infer(name: str, request: Request, version: str | None = None) -> Resp
             raise binproto.RemoteProtocolError(
                 f"shared memory inputs are not supported: {list(decoded.shared_memory)}"
             )
-        outputs = model(decoded.header, decoded.tensors)
+        outputs = model(name, decoded.header, decoded.tensors)
         body = binproto.encode_response(
             outputs,
             model_name=name,
