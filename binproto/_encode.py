@@ -43,6 +43,7 @@ __all__ = [
     "Binary",
     "EncodedBody",
     "Tensor",
+    "check_parameters",
     "dumps_header",
     "encode_request",
     "encode_response",
@@ -135,7 +136,7 @@ def _fail(msg: str) -> LocalProtocolError:
     return LocalProtocolError(msg)
 
 
-def _check_parameters(params: Any, where: str) -> dict[str, Any]:
+def check_parameters(params: Any, where: str) -> dict[str, Any]:
     """Parameters as the protocol allows them: string keys; string, number or
     bool values; numbers finite (strict JSON)."""
     if params is None:
@@ -247,7 +248,7 @@ def _prepare(name: Any, value: Any, datatype: str | None, params: Any, role: str
     if not isinstance(name, str):
         raise _fail(f"{role} names must be strings, got {name!r}")
     label = f"{role} '{name}'"
-    parameters = _check_parameters(params, label)
+    parameters = check_parameters(params, label)
     if _RESERVED in parameters:
         raise _fail(f"{label}: '{_RESERVED}' is set by the encoder, not by the caller")
     prep = _Prepared(name=name, datatype="", shape=[], parameters=parameters)
@@ -443,7 +444,7 @@ def _requested_output(out: Any) -> dict[str, Any]:
     if not isinstance(out.name, str):
         raise _fail(f"requested output names must be strings, got {out.name!r}")
     where = f"requested output '{out.name}'"
-    params = _check_parameters(out.parameters, where)
+    params = check_parameters(out.parameters, where)
     if "binary_data" in params:
         raise _fail(f"{where}: give binary_data as RequestedOutput(binary_data=...)")
     if out.binary_data is not None:
@@ -494,7 +495,7 @@ def encode_request(
     prepared = _prepare_all(inputs, "input")
     choice = _finish_choice(prepared, _binary_choice(binary, prepared, "input"))
     tensors, buffers = _place(prepared, choice, "input")
-    params = _check_parameters(parameters, "the request")
+    params = check_parameters(parameters, "the request")
     if binary_data_output is not None:
         if not isinstance(binary_data_output, bool):
             raise _fail("binary_data_output must be a bool or None")
@@ -598,7 +599,7 @@ def encode_response(
     obj: dict[str, Any] = {"model_name": model_name}
     _put(obj, "model_version", model_version)
     _put(obj, "id", id)
-    params = _check_parameters(parameters, "the response")
+    params = check_parameters(parameters, "the response")
     if params:
         obj["parameters"] = params
     obj["outputs"] = tensors

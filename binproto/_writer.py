@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ._bytes import BytesFramer
-from ._encode import dumps_header
+from ._encode import check_parameters, dumps_header
 from ._errors import LocalProtocolError, RemoteProtocolError
 from ._header import InferenceHeader, Kind, build_header
 from ._http import message_headers
@@ -97,6 +97,10 @@ class BodyWriter:
             self.header: InferenceHeader = build_header(obj, kind, _NO_LIMITS, len(raw))
         except RemoteProtocolError as exc:
             raise LocalProtocolError(f"invalid {kind} header: {exc.msg}") from None
+        # Parameters as strict as the encoder's: no NaN, no nested values.
+        check_parameters(self.header.parameters, f"the {kind}")
+        for t in self.header.tensors:
+            check_parameters(t.parameters, f"'{t.name}'")
         self._raw = raw
         binary = self.header.binary_size
         has_binary = any(t.binary_size is not None for t in self.header.tensors)
@@ -192,7 +196,12 @@ class BodyWriter:
                 f"data for {self._label(index)} must be raw little-endian bytes, got an"
                 f" array of dtype {data.dtype}"
             )
-        view = as_byte_view(data)  # raises LocalProtocolError for non-contiguous data
+        try:
+            view = as_byte_view(data)
+        except LocalProtocolError as exc:  # not a buffer, or not C-contiguous
+            raise self._misuse(f"data for {self._label(index)}: {exc.msg}") from None
+        if not view.c_contiguous:  # a strided 1-D byte view passes as_byte_view
+            raise self._misuse(f"data for {self._label(index)} must be C-contiguous")
         n = view.nbytes
         if n == 0:
             return data

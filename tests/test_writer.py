@@ -1,0 +1,339 @@
+"""BodyWriter: streaming bodies piece by piece, and every misuse it refuses."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import binproto
+from binproto import BodyWriter, LocalProtocolError
+
+from .helpers import arrays_equal, assert_same_everywhere
+
+ARRAYS: dict[str, Any] = {
+    "a": np.arange(6, dtype=np.float32).reshape(2, 3),
+    "empty": np.empty((0, 2), np.int64),
+    "j": [1, 2, 3],  # JSON data: not sent through the writer
+    "s": np.array([b"xy", b"", b"\xff" * 5], dtype=object),
+    "b": np.array([True, False]),
+}
+
+
+def encoded(kind: str = "response") -> binproto.EncodedBody:
+    if kind == "request":
+        return binproto.encode_request(ARRAYS)
+    return binproto.encode_response(ARRAYS, model_name="m")
+
+
+def header_dict(kind: str = "response") -> dict[str, Any]:
+    obj: dict[str, Any] = json.loads(encoded(kind).json)
+    return obj
+
+
+def stream(w: BodyWriter, pieces: list[tuple[int | str, Any]]) -> bytes:
+    out = [w.start()]
+    for tensor, data in pieces:
+        out.append(bytes(w.send(tensor, data)))
+    w.end()
+    return b"".join(out)
+
+
+def binary_pieces(body: binproto.EncodedBody, w: BodyWriter) -> list[tuple[int | str, Any]]:
+    """The binary tensors' buffers, addressed by header index."""
+    indices = [t.index for t in w.header.tensors if t.binary_size is not None]
+    return list(zip(indices, body.buffers[1:], strict=True))
+
+
+@pytest.mark.parametrize("kind", ["request", "response"])
+@pytest.mark.parametrize("form", ["dict", "bytes"])
+def test_streams_the_same_body_as_the_encoder(kind: str, form: str) -> None:
+    body = encoded(kind)
+    w = BodyWriter(header_dict(kind) if form == "dict" else body.json)
+    assert w.header.kind == kind
+    assert (w.header_length, w.content_length, w.headers) == (
+        body.header_length,
+        body.content_length,
+        body.headers,
+    )
+    assert stream(w, binary_pieces(body, w)) == bytes(body)
+    assert w.bytes_sent == body.content_length
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_any_piece_sizes_by_name_or_index(data: st.DataObject) -> None:
+    body = encoded()
+    w = BodyWriter(body.json)
+    pieces: list[tuple[int | str, Any]] = []
+    for index, buf in binary_pieces(body, w):
+        raw = memoryview(buf).cast("B")
+        cuts = sorted(data.draw(st.lists(st.integers(0, len(raw)), max_size=4)))
+        edges = [0, *cuts, len(raw)]
+        name = w.header.tensors[int(index)].name
+        key: int | str = index if data.draw(st.booleans()) else name
+        pieces += [(key, raw[x:y]) for x, y in itertools.pairwise(edges)]
+    raw_body = stream(w, pieces)
+    assert raw_body == bytes(body)
+    msg = binproto.decode_response(raw_body, header_length=w.header_length)
+    assert arrays_equal(msg.tensors["s"], ARRAYS["s"])
+    assert arrays_equal(msg.tensors["a"], ARRAYS["a"])
+
+
+def test_send_passes_the_callers_buffer_through() -> None:
+    arr = np.arange(4, dtype="<u4")
+    w = BodyWriter(
+        {
+            "outputs": [
+                {
+                    "name": "o",
+                    "datatype": "UINT32",
+                    "shape": [4],
+                    "parameters": {"binary_data_size": 16},
+                }
+            ]
+        }
+    )
+    w.start()
+    assert w.send("o", arr[:2]) is not None
+    rest = arr[2:]
+    assert w.send(0, rest) is rest
+    w.end()
+
+
+def test_streamed_body_parses_in_every_chunking() -> None:
+    header = {
+        "model_name": "m",
+        "outputs": [
+            {"name": "x", "datatype": "INT16", "shape": [3], "parameters": {"binary_data_size": 6}},
+            {
+                "name": "t",
+                "datatype": "BYTES",
+                "shape": [2],
+                "parameters": {"binary_data_size": 10},
+            },
+        ],
+    }
+    w = BodyWriter(header)
+    body = stream(
+        w,
+        [
+            ("x", np.arange(3, dtype="<i2")),
+            ("t", b"\x01\x00"),
+            ("t", b"\x00\x00a\x01\x00\x00"),
+            ("t", b"\x00b"),
+        ],
+    )
+    outcome = assert_same_everywhere(
+        lambda: binproto.Parser("response", header_length=w.header_length), body
+    )
+    assert outcome.error is None
+    msg = binproto.decode_response(body, header_length=w.header_length)
+    assert msg.tensors["t"].tolist() == [b"a", b"b"]
+
+
+def test_json_only_header() -> None:
+    w = BodyWriter(
+        {
+            "model_name": "m",
+            "outputs": [{"name": "o", "datatype": "INT8", "shape": [1], "data": [3]}],
+        }
+    )
+    assert w.header_length is None
+    assert w.headers[-1] == ("Content-Type", "application/json")
+    assert "Inference-Header-Content-Length" not in dict(w.headers)
+    start = w.start()
+    assert w.content_length == len(start)
+    w.end()
+    again = BodyWriter(start)
+    again.start()
+    with pytest.raises(LocalProtocolError, match="not sent binary"):
+        again.send("o", b"x")
+
+
+def test_zero_size_tensors_and_empty_sends_need_nothing() -> None:
+    header = {
+        "inputs": [
+            {"name": "z", "datatype": "FP32", "shape": [0], "parameters": {"binary_data_size": 0}},
+            {
+                "name": "zb",
+                "datatype": "BYTES",
+                "shape": [0],
+                "parameters": {"binary_data_size": 0},
+            },
+            {"name": "x", "datatype": "UINT8", "shape": [2], "parameters": {"binary_data_size": 2}},
+        ]
+    }
+    w = BodyWriter(header)
+    assert w.header.kind == "request"
+    w.start()
+    w.send("z", b"")
+    w.send("x", b"")
+    w.send("x", b"ab")
+    w.send("x", b"")
+    w.end()
+
+
+# -- misuse ----------------------------------------------------------------------
+
+ONE = {
+    "outputs": [
+        {"name": "a", "datatype": "UINT8", "shape": [4], "parameters": {"binary_data_size": 4}},
+        {"name": "j", "datatype": "UINT8", "shape": [1], "data": [1]},
+        {"name": "s", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": 6}},
+    ]
+}
+
+Steps = Callable[[BodyWriter], Any]
+
+
+def _start_twice(w: BodyWriter) -> None:
+    w.start()
+    w.start()
+
+
+def _after_end(w: BodyWriter) -> None:
+    w.start()
+    w.send("a", b"1234")
+    w.send("s", b"\x02\x00\x00\x00ok")
+    w.end()
+    w.send("a", b"")
+
+
+def _short(w: BodyWriter) -> None:
+    w.start()
+    w.send("a", b"12")
+    w.end()
+
+
+def _too_many(w: BodyWriter) -> None:
+    w.start()
+    w.send("a", b"123")
+    w.send("a", b"45")
+
+
+def _out_of_order(w: BodyWriter) -> None:
+    w.start()
+    w.send("s", b"\x02\x00\x00\x00ok")
+
+
+def _back_again(w: BodyWriter) -> None:
+    w.start()
+    w.send("a", b"1234")
+    w.send("a", b"5")
+
+
+def _past_the_end(w: BodyWriter) -> None:
+    w.start()
+    w.send("a", b"1234")
+    w.send("s", b"\x02\x00\x00\x00ok")
+    w.send("s", b"!")
+
+
+def _bad_prefix(w: BodyWriter) -> None:
+    w.start()
+    w.send("a", b"1234")
+    w.send("s", b"\x09\x00\x00\x00")
+
+
+def _bad_element_count(w: BodyWriter) -> None:
+    w.start()
+    w.send("a", b"1234")
+    w.send("s", b"\x00\x00\x00\x00\x00\x00")
+
+
+@pytest.mark.parametrize(
+    ("steps", "message"),
+    [
+        (lambda w: w.send("a", b"1"), "before start"),
+        (lambda w: w.end(), "before start"),
+        (_start_twice, "already called"),
+        (_after_end, "after end"),
+        (_short, "has 2 of its 4 bytes"),
+        (_too_many, "2 bytes for output 'a' exceed the 1 left"),
+        (_out_of_order, "out of order: output 'a' still needs 4 bytes"),
+        (_back_again, "'a' is already complete"),
+        (_past_the_end, "every binary tensor has all its bytes"),
+        (lambda w: (w.start(), w.send("j", b"1")), "not sent binary"),
+        (lambda w: (w.start(), w.send("nope", b"1")), "no output named 'nope'"),
+        (lambda w: (w.start(), w.send(7, b"1")), "no output with index 7"),
+        (lambda w: (w.start(), w.send(True, b"1")), "no output with index True"),
+        (lambda w: (w.start(), w.send("a", np.arange(4, dtype=">u1")[::2])), "C-contiguous"),
+        (lambda w: (w.start(), w.send("a", np.arange(1, dtype=">u4"))), "little-endian"),
+        (lambda w: (w.start(), w.send("a", np.array([b"1"], dtype=object))), "raw"),
+        (lambda w: (w.start(), w.send("a", "1234")), "bytes-like"),
+        (_bad_prefix, "malformed BYTES data: BYTES element 0 .* claims 9 bytes"),
+        (_bad_element_count, "malformed BYTES data: unexpected number of string elements"),
+    ],
+)
+def test_misuse_raises_and_the_writer_stays_failed(steps: Steps, message: str) -> None:
+    w = BodyWriter(ONE)
+    with pytest.raises(LocalProtocolError, match=message):
+        steps(w)
+    # The writer is now unusable.
+    with pytest.raises(LocalProtocolError):
+        w.send("a", b"")
+    with pytest.raises(LocalProtocolError):
+        w.end()
+    with pytest.raises(LocalProtocolError):
+        w.start()
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        (
+            {
+                "outputs": [
+                    {
+                        "name": "a",
+                        "datatype": "FP32",
+                        "shape": [2],
+                        "parameters": {"binary_data_size": 4},
+                    }
+                ]
+            },
+            "expecting 8",
+        ),
+        (
+            {"outputs": [{"name": "a", "datatype": "F", "shape": [1], "data": [1]}]},
+            "invalid datatype",
+        ),
+        ({"outputs": "x"}, "Unable to parse 'outputs'"),
+        (b"\xff", "not UTF-8 JSON"),
+        (b"{", "not UTF-8 JSON"),
+        (42, "must be a mapping or JSON bytes"),
+        ({"outputs": [], "parameters": {"x": float("nan")}}, "JSON cannot carry"),
+        (
+            {
+                "outputs": [
+                    {
+                        "name": "a",
+                        "datatype": "INT8",
+                        "shape": [1],
+                        "data": [1],
+                        "parameters": {"p": [1]},
+                    }
+                ]
+            },
+            "string, number or bool",
+        ),
+    ],
+)
+def test_invalid_headers(header: Any, message: str) -> None:
+    with pytest.raises(LocalProtocolError, match=message):
+        BodyWriter(header)
+
+
+def test_explicit_kind() -> None:
+    with pytest.raises(LocalProtocolError, match="kind must be"):
+        BodyWriter({"outputs": []}, kind="reply")  # type: ignore[arg-type]
+    with pytest.raises(LocalProtocolError, match="invalid request header"):
+        BodyWriter({"outputs": []}, kind="request")
+    assert "BodyWriter(kind='response'" in repr(BodyWriter({"outputs": []}))
