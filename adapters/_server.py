@@ -42,7 +42,15 @@ from binproto import (
 )
 from binproto._assemble import Destinations
 
-from .h11 import error_response, json_response, parser_for, response_for, send_body, send_data
+from .h11 import (
+    error_response,
+    header_rest,
+    json_response,
+    parser_for,
+    response_for,
+    send_body,
+    send_data,
+)
 
 if TYPE_CHECKING:
     from binproto import BodyWriter
@@ -122,14 +130,26 @@ class BodyReader:
         self._receive_into = getattr(stream, "receive_into", None) if allow_direct else None
         self.direct = False  #: h11 is bypassed for the rest of the body
         self.done = False  #: the whole body has been read
+        self.failed: RemoteProtocolError | None = None  #: the fault that ended reading
 
-    async def read(self) -> Any:
+    async def read(self, max_bytes: int = CHUNK) -> Any:
         """The next piece of the body; ``b""`` at its end; None when nothing
-        was read but ``direct`` just became True (try ``read_into``)."""
+        was read but ``direct`` just became True (try ``read_into``).
+        ``max_bytes`` bounds what is read from the stream in direct mode.
+        After a fault, every call raises it again."""
+        if self.failed is not None:
+            raise self.failed
+        try:
+            return await self._read(max_bytes)
+        except RemoteProtocolError as exc:
+            self.failed = exc
+            raise
+
+    async def _read(self, max_bytes: int) -> Any:
         if self.done:
             return b""
         if self.direct:
-            return await self._read_direct()
+            return await self._read_direct(max_bytes)
         conn = self._conn
         while True:
             try:
@@ -149,6 +169,8 @@ class BodyReader:
                 self.direct = True
                 return None
             data = await self._stream.receive_some(CHUNK)
+            if not len(data):
+                raise self._closed()
             conn.receive_data(bytes(data))
 
     async def finish(self) -> None:
@@ -159,13 +181,13 @@ class BodyReader:
         if len(data):
             raise RemoteProtocolError("unexpected additional data after the end of the message")
 
-    async def _read_direct(self) -> Any:
+    async def _read_direct(self, max_bytes: int) -> Any:
         remaining = self._remaining
         assert remaining is not None
         if not remaining:
             self.done = True
             return b""
-        data = await self._stream.receive_some(min(CHUNK, remaining))
+        data = await self._stream.receive_some(min(max_bytes, remaining))
         if not len(data):
             raise self._closed()
         self._remaining = remaining - len(data)
@@ -174,15 +196,20 @@ class BodyReader:
     async def read_into(self, view: memoryview) -> int:
         """Receive body bytes into ``view`` (only when ``direct``); returns how many."""
         assert self.direct and self._receive_into is not None and self._remaining is not None
+        if self.failed is not None:
+            raise self.failed
         n: int = await self._receive_into(view[: self._remaining])
         if not n:
-            raise self._closed()
+            self.failed = self._closed()
+            raise self.failed
         self._remaining -= n
         if not self._remaining:
             self.done = True
         return n
 
     def _closed(self) -> RemoteProtocolError:
+        if self._remaining is None:
+            return RemoteProtocolError("the peer closed the connection before the end of the body")
         return RemoteProtocolError(
             f"the peer closed the connection with {self._remaining} body bytes missing"
         )
@@ -200,6 +227,7 @@ class MessageBody:
         self._reader = reader
         self.header: InferenceHeader | None = None
         self._header_event: HeaderParsed | None = None
+        self._fed = 0  # body bytes given to the parser
         #: The assembler :meth:`tensors` used (its counters tell what was copied).
         self.assembler: TensorAssembler | None = None
 
@@ -222,6 +250,7 @@ class MessageBody:
                 return event
             data = await self._reader.read()
             if data is not None:
+                self._fed += len(data)
                 parser.receive_data(data)
 
     async def read_header(self) -> InferenceHeader:
@@ -263,10 +292,13 @@ class MessageBody:
                     index, offset, count = region
                     view = asm.target(index)[offset : offset + count]
                     n = await reader.read_into(view)
+                    self._fed += n
                     parser.receive_data(view[:n])
                 else:
-                    data = await reader.read()
+                    # Stop at the end of the JSON header, so tensor bytes go in place.
+                    data = await reader.read(min(CHUNK, header_rest(parser, self._fed)))
                     if data is not None:
+                        self._fed += len(data)
                         parser.receive_data(data)
                 continue
             if type(event) is HeaderParsed:
@@ -572,8 +604,8 @@ class V2Server:
         try:
             result = await model.handler(request)
         except Exception:
-            if not body.complete:
-                # Say so whatever the body held: its own fault comes first.
+            if not body.complete and body.parser.state is not binproto.ParserState.ERROR:
+                # A fault in the body comes first, whatever the handler said.
                 await body.drain()
             raise
         await body.drain()

@@ -20,8 +20,7 @@ Typical server loop::
     parser = parser_for(event)
     while True:
         event = conn.next_event()             # h11.Data / h11.EndOfMessage
-        feed(parser, event)
-        for ev in parser.events():
+        for ev in receive_events(parser, event):
             ...
 """
 
@@ -29,13 +28,13 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import h11
 
 import binproto
-from binproto import Limits, Parser, ProtocolError, RemoteProtocolError
+from binproto import Event, Limits, Parser, ParserState, ProtocolError, RemoteProtocolError
 from binproto._http import header_value
 from binproto._parser import as_byte_view
 
@@ -50,6 +49,7 @@ __all__ = [
     "feed",
     "parser_for",
     "receive_body_into",
+    "receive_events",
     "request_for",
     "response_for",
     "send_body",
@@ -135,6 +135,17 @@ def feed(parser: Parser, event: h11.Data | h11.EndOfMessage) -> None:
         parser.receive_data(event.data)
     else:
         parser.receive_data(b"")
+
+
+def receive_events(parser: Parser, event: h11.Data | h11.EndOfMessage) -> Iterator[Event]:
+    """Feed an h11 body event to the parser and yield the events it completes.
+
+    Yields nothing once the message is complete (an ``EndOfMessage`` after a
+    ``Content-Length`` body already ended it).
+    """
+    feed(parser, event)
+    if parser.state is not ParserState.DONE:
+        yield from parser.events()
 
 
 def _buffers(body: EncodedBody | Sequence[Any]) -> Sequence[Any]:
@@ -268,6 +279,15 @@ def error_message(status: int, body: bytes) -> HTTPError:
     return HTTPError(status, message)
 
 
+def header_rest(parser: Parser, fed: int) -> int:
+    """Bytes left of the JSON header after ``fed`` body bytes, or a large number
+    when that is not known (plain JSON, compressed body, header parsed)."""
+    hl = parser.header_length
+    if parser.header is not None or not hl or parser.content_encoding is not None or fed >= hl:
+        return 1 << 62
+    return hl - fed
+
+
 def receive_body_into(
     sock: socket.socket,
     conn: h11.Connection,
@@ -345,7 +365,9 @@ def receive_body_into(
             index, offset, count = region
             view = assembler.target(index)[offset : offset + min(count, remaining)]
         else:
-            view = memoryview(scratch)[: min(chunk_size, remaining)]
+            # Stop at the end of the JSON header, so tensor bytes go in place.
+            size = min(chunk_size, remaining, header_rest(parser, content_length - remaining))
+            view = memoryview(scratch)[:size]
         n = sock.recv_into(view)
         if not n:
             parser.receive_data(b"")

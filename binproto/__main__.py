@@ -7,6 +7,7 @@ Commands are argparse subcommands; each registers itself with a function
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -20,14 +21,24 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.backend == "trio":
         try:
-            from binproto.adapters import trio as trio_adapter  # type: ignore[attr-defined]
+            import trio
+
+            from binproto.adapters import trio as trio_adapter
         except ImportError as exc:
             print(f"binproto: the trio backend is not available: {exc}", file=sys.stderr)
             return 2
-        serve_trio: Any = trio_adapter.serve
-        import trio
-
-        trio.run(lambda: serve_trio(host=args.host, port=args.port, ready=ready))
+        try:
+            trio.run(
+                functools.partial(
+                    trio_adapter.serve,
+                    host=args.host,
+                    port=args.port,
+                    zero_copy=not args.streams,
+                    ready=ready,
+                )
+            )
+        except KeyboardInterrupt:
+            pass
         return 0
 
     import asyncio
@@ -55,7 +66,7 @@ def add_serve(subparsers: Any) -> None:
     p.add_argument(
         "--streams",
         action="store_true",
-        help="asyncio: read through asyncio streams instead of receiving tensors in place",
+        help="read through plain streams instead of receiving tensors in place",
     )
     p.set_defaults(func=_serve)
 
@@ -67,7 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers.required = True
     add_serve(subparsers)
     from ._cli import add_bench, add_encode, add_inspect
+    from ._demo import add_demo
 
+    add_demo(subparsers)
     add_inspect(subparsers)
     add_encode(subparsers)
     add_bench(subparsers)

@@ -1,0 +1,285 @@
+"""The h11 adapter: parsers from HTTP heads, bodies through h11 without joins,
+the V2 error body, the route table, and the blocking zero-copy receive."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import threading
+from typing import Any
+
+import h11
+import numpy as np
+import pytest
+
+import binproto
+from binproto import NEED_DATA, MessageComplete, RemoteProtocolError, TensorAssembler
+from binproto.adapters._server import route
+from binproto.adapters.h11 import (
+    PIECE,
+    error_message,
+    error_response,
+    feed,
+    parser_for,
+    receive_body_into,
+    receive_events,
+    request_for,
+    response_for,
+    send_body,
+    send_data,
+    send_message,
+)
+
+
+def _inputs() -> dict[str, Any]:
+    return {
+        "x": np.arange(12, dtype=np.float32).reshape(3, 4),
+        "s": np.array([b"a", b"\xff\x00", b""], dtype=object),
+        "b": np.array([True, False]),
+    }
+
+
+def _server_side(wire: bytes, chunk: int) -> tuple[h11.Request, list[Any]]:
+    """Run ``wire`` through an h11 server connection ``chunk`` bytes at a time."""
+    conn = h11.Connection(h11.SERVER)
+    events: list[Any] = []
+    for i in range(0, len(wire), chunk):
+        conn.receive_data(wire[i : i + chunk])
+        while (ev := conn.next_event()) is not h11.NEED_DATA:
+            events.append(ev)
+    head = events[0]
+    assert isinstance(head, h11.Request)
+    return head, events[1:]
+
+
+def _encode_request_wire(body: binproto.EncodedBody) -> list[Any]:
+    conn = h11.Connection(h11.CLIENT)
+    return send_message(conn, request_for("/v2/models/m/infer", body), body)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1 << 20])
+def test_request_through_h11_in_any_chunking(chunk: int) -> None:
+    inputs = _inputs()
+    body = binproto.encode_request(inputs)
+    wire = b"".join(bytes(p) for p in _encode_request_wire(body))
+    head, events = _server_side(wire, chunk)
+    parser = parser_for(head)
+    assert parser.kind == "request"
+    assert parser.header_length == body.header_length
+    assert parser.content_length == body.content_length
+    asm = TensorAssembler()
+    for ev in events:
+        for out in receive_events(parser, ev):
+            asm.feed(out)
+    assert parser.state is binproto.ParserState.DONE
+    assert set(asm.tensors) == set(inputs)
+    for name, arr in inputs.items():
+        np.testing.assert_array_equal(asm.tensors[name], arr)
+
+
+def test_response_head_gives_a_response_parser() -> None:
+    out = {"y": np.arange(3, dtype=np.int64)}
+    body = binproto.encode_response(out, model_name="m")
+    head = response_for(200, body)
+    parser = parser_for(head)
+    assert parser.kind == "response"
+    parser.receive_data(bytes(body))
+    events = list(parser.events())
+    assert type(events[-1]) is MessageComplete
+    assert events[0].header.model_name == "m"  # type: ignore[attr-defined]
+
+
+def test_plain_json_body_has_no_header_length() -> None:
+    body = binproto.encode_request({"x": [1, 2, 3]}, binary=False)
+    head = request_for("/v2/models/m/infer", body)
+    parser = parser_for(head)
+    assert parser.header_length is None
+    parser.receive_data(bytes(body))
+    assert type(list(parser.events())[-1]) is MessageComplete
+
+
+def test_bad_header_length_is_a_remote_error() -> None:
+    head = h11.Request(
+        method="POST",
+        target="/",
+        headers=[
+            ("Host", "x"),
+            ("Content-Length", "10"),
+            ("Inference-Header-Content-Length", "11"),
+        ],
+    )
+    with pytest.raises(RemoteProtocolError) as info:
+        parser_for(head)
+    assert info.value.status_hint == 400
+
+
+def test_gzip_body_is_parsed_when_the_core_supports_it() -> None:
+    if not hasattr(binproto, "content_encoding_from"):
+        pytest.skip("this build of the core has no content encodings")
+    inputs = {"x": np.arange(100, dtype=np.int32)}
+    body = binproto.encode_request(inputs)
+    packed = gzip.compress(bytes(body))
+    head = h11.Request(
+        method="POST",
+        target="/v2/models/m/infer",
+        headers=[
+            ("Host", "x"),
+            ("Content-Length", str(len(packed))),
+            ("Content-Encoding", "gzip"),
+            ("Inference-Header-Content-Length", str(body.header_length)),
+        ],
+    )
+    parser = parser_for(head)
+    asm = TensorAssembler()
+    for i in range(0, len(packed), 9):
+        for ev in receive_events(parser, h11.Data(data=packed[i : i + 9])):
+            asm.feed(ev)
+    for ev in receive_events(parser, h11.EndOfMessage()):
+        asm.feed(ev)
+    assert parser.state is binproto.ParserState.DONE
+    np.testing.assert_array_equal(asm.tensors["x"], inputs["x"])
+
+
+def test_unknown_content_encoding_is_415() -> None:
+    head = h11.Request(
+        method="POST",
+        target="/",
+        headers=[("Host", "x"), ("Content-Length", "3"), ("Content-Encoding", "br")],
+    )
+    with pytest.raises(RemoteProtocolError) as info:
+        parser = parser_for(head)
+        parser.receive_data(b"abc")
+        parser.next_event()
+    assert info.value.status_hint == 415
+
+
+def test_send_body_passes_tensor_memory_through() -> None:
+    x = np.arange(3 * PIECE // 4 + 5, dtype=np.float32)  # more than 2 pieces
+    body = binproto.encode_request({"x": x})
+    conn = h11.Connection(h11.CLIENT)
+    conn.send(request_for("/", body))
+    pieces = send_body(conn, body)
+    assert pieces[0] == body.json
+    tensor_pieces = pieces[1:]
+    assert len(tensor_pieces) == -(-x.nbytes // PIECE)
+    for p in tensor_pieces:
+        assert isinstance(p, memoryview)
+        assert np.shares_memory(np.frombuffer(p, dtype=np.uint8), x)
+    assert b"".join(bytes(p) for p in pieces) == bytes(body)
+    assert conn.our_state is h11.DONE
+
+
+def test_send_data_with_chunked_framing() -> None:
+    conn = h11.Connection(h11.CLIENT)
+    conn.send(
+        h11.Request(
+            method="POST", target="/", headers=[("Host", "x"), ("Transfer-Encoding", "chunked")]
+        )
+    )
+    data = np.arange(10, dtype=np.uint8)
+    pieces = send_data(conn, data)
+    assert [bytes(p) for p in pieces] == [b"a\r\n", data.tobytes(), b"\r\n"]
+    assert np.shares_memory(np.frombuffer(pieces[1], dtype=np.uint8), data)
+
+
+def test_error_response_is_the_v2_error_body() -> None:
+    exc = RemoteProtocolError("too big", status_hint=413, offset=5)
+    head, payload = error_response(exc)
+    assert head.status_code == 413
+    assert json.loads(payload) == {"error": "too big (at byte 5)"}
+    assert (b"content-length", str(len(payload)).encode()) in head.headers
+    head, payload = error_response("nope", 404)
+    assert head.status_code == 404 and json.loads(payload) == {"error": "nope"}
+    err = error_message(400, payload)
+    assert (err.status, err.message) == (400, "nope")
+    assert error_message(502, b"<html>").message == "<html>"
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "expected"),
+    [
+        ("GET", "/v2", ("server", None, None)),
+        ("GET", "/v2/", ("server", None, None)),
+        ("GET", "/v2/health/live", ("live", None, None)),
+        ("GET", "/v2/health/ready", ("ready", None, None)),
+        ("GET", "/v2/models/echo", ("model", "echo", None)),
+        ("GET", "/v2/models/echo/versions/3", ("model", "echo", "3")),
+        ("GET", "/v2/models/echo/ready", ("model_ready", "echo", None)),
+        ("POST", "/v2/models/echo/infer", ("infer", "echo", None)),
+        ("POST", "/v2/models/echo/versions/2/infer?x=1", ("infer", "echo", "2")),
+        ("POST", "/v2/models/a%20b/infer", ("infer", "a b", None)),
+        ("GET", "/v2/models", ("not_found", None, None)),
+        ("GET", "/v2/models/echo/bogus", ("not_found", None, None)),
+        ("GET", "/v1/models/echo", ("not_found", None, None)),
+    ],
+)
+def test_route(method: str, target: str, expected: tuple[str, str | None, str | None]) -> None:
+    r = route(method, target)
+    assert (r.kind, r.model, r.version) == expected
+
+
+def test_receive_body_into_receives_tensors_in_place() -> None:
+    x = (np.arange(1 << 18, dtype=np.float64) * 0.5).reshape(512, -1)
+    y = np.array([b"\x00\xfe", b"ok"], dtype=object)
+    body = binproto.encode_request({"x": x, "y": y})
+    wire = _encode_request_wire(body)
+    a, b = socket.socketpair()
+    try:
+
+        def send() -> None:
+            for piece in wire:
+                a.sendall(piece)
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        conn = h11.Connection(h11.SERVER)
+        while (head := conn.next_event()) is h11.NEED_DATA:
+            conn.receive_data(b.recv(100))  # leaves some body inside h11
+        assert isinstance(head, h11.Request)
+        parser = parser_for(head)
+        dest = np.empty_like(x)
+        asm = TensorAssembler({"x": dest})
+        receive_body_into(b, conn, parser, asm)
+        sender.join()
+    finally:
+        a.close()
+        b.close()
+    assert parser.state is binproto.ParserState.DONE
+    assert asm.tensors["x"] is dest
+    np.testing.assert_array_equal(dest, x)
+    np.testing.assert_array_equal(asm.tensors["y"], y)
+    # Everything past what h11 had buffered went straight into ``dest``.
+    assert asm.bytes_in_place > x.nbytes - 1000
+    assert asm.bytes_copied + asm.bytes_in_place == x.nbytes + len(body.buffers[2])
+
+
+def test_receive_body_into_reports_a_peer_that_closes_early() -> None:
+    body = binproto.encode_request({"x": np.zeros(1000, dtype=np.int32)})
+    wire = b"".join(bytes(p) for p in _encode_request_wire(body))
+    a, b = socket.socketpair()
+    try:
+        a.sendall(wire[:-100])
+        a.shutdown(socket.SHUT_WR)
+        conn = h11.Connection(h11.SERVER)
+        while (head := conn.next_event()) is h11.NEED_DATA:
+            conn.receive_data(b.recv(65536))
+        assert isinstance(head, h11.Request)
+        parser = parser_for(head)
+        with pytest.raises(RemoteProtocolError):
+            receive_body_into(b, conn, parser, TensorAssembler())
+    finally:
+        a.close()
+        b.close()
+    with pytest.raises(binproto.LocalProtocolError):
+        parser.next_event()  # the parser is in its ERROR state
+
+
+def test_feed_end_of_message_ends_the_body() -> None:
+    body = binproto.encode_request({"x": np.arange(4, dtype=np.uint8)})
+    parser = binproto.Parser("request", header_length=body.header_length)
+    feed(parser, h11.Data(data=bytes(body)))
+    events = [ev for ev in iter(parser.next_event, NEED_DATA) if type(ev) is not MessageComplete]
+    feed(parser, h11.EndOfMessage())
+    assert type(parser.next_event()) is MessageComplete
+    assert events

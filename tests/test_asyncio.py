@@ -1,0 +1,626 @@
+"""The asyncio adapter over real sockets on 127.0.0.1: the reference server
+called by tritonclient (sync and aio) and by binproto's own client, adversarial
+peers on raw sockets, and tensors received in place."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Coroutine, Iterator
+from typing import Any
+
+import h11
+import ml_dtypes
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+import tritonclient.http.aio as aioclient
+from tritonclient.utils import InferenceServerException
+
+import binproto
+from binproto import HeaderParsed, MessageComplete, TensorChunk, TensorComplete, TensorInfo
+from binproto.adapters._server import InferRequest, Model, V2Server, echo_model
+from binproto.adapters.asyncio import Client, start_server
+from binproto.adapters.h11 import HTTPError, request_for, send_message
+
+# -- a server on a background thread ------------------------------------------
+
+
+class Recorder:
+    """What the ``into`` model saw: the assembler's counters and the destination."""
+
+    def __init__(self) -> None:
+        self.copied = -1
+        self.in_place = -1
+        self.destination: np.ndarray[Any, Any] | None = None
+        self.result: np.ndarray[Any, Any] | None = None
+
+
+RECORDER = Recorder()
+
+
+async def _into(request: InferRequest) -> dict[str, Any]:
+    """Receive the one input into an array allocated here; report the counters."""
+
+    def destination(info: TensorInfo) -> np.ndarray[Any, Any]:
+        RECORDER.destination = np.empty(info.shape, dtype=info.dtype)
+        return RECORDER.destination
+
+    tensors = await request.tensors(destination)
+    asm = request.body.assembler
+    assert asm is not None
+    RECORDER.copied = asm.bytes_copied
+    RECORDER.in_place = asm.bytes_in_place
+    (RECORDER.result,) = tensors.values()
+    return {"copied": np.array([asm.bytes_copied]), "in_place": np.array([asm.bytes_in_place])}
+
+
+async def _events(request: InferRequest) -> dict[str, Any]:
+    """Count the events of the body as they are read (the streaming handler API)."""
+    counts = {"chunks": 0, "complete": 0}
+    async for event in request.body:
+        if type(event) is TensorChunk:
+            counts["chunks"] += 1
+        elif type(event) is TensorComplete:
+            counts["complete"] += 1
+    return {k: np.array([v], dtype=np.int64) for k, v in counts.items()}
+
+
+class ServerThread:
+    """The asyncio server running in a thread with its own event loop."""
+
+    def __init__(self, zero_copy: bool) -> None:
+        self.zero_copy = zero_copy
+        self.port = 0
+        self._ready = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        assert self._ready.wait(10)
+
+    def _run(self) -> None:
+        self._loop.run_until_complete(self._main())
+
+    async def _main(self) -> None:
+        app = V2Server(
+            [echo_model(), Model("into", _into), Model("events", _events, versions=("1", "2"))]
+        )
+        server = await start_server(app, "127.0.0.1", 0, zero_copy=self.zero_copy)
+        self.port = server.sockets[0].getsockname()[1]
+        self._stop = asyncio.Event()
+        self._ready.set()
+        async with server:
+            await self._stop.wait()
+
+    def close(self) -> None:
+        assert self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["zero_copy", "streams"])
+def server(request: pytest.FixtureRequest) -> Iterator[ServerThread]:
+    srv = ServerThread(zero_copy=request.param)
+    yield srv
+    srv.close()
+
+
+def run(coro: Coroutine[Any, Any, Any]) -> Any:
+    return asyncio.run(coro)
+
+
+async def _echo(port: int, inputs: dict[str, Any], **kw: Any) -> dict[str, np.ndarray[Any, Any]]:
+    async with Client("127.0.0.1", port) as c:
+        return await c.infer("echo", inputs, **kw)
+
+
+def assert_served(port: int) -> None:
+    """A normal request on a new connection succeeds."""
+    x = np.arange(1000, dtype=np.int32)
+    out = run(_echo(port, {"x": x}, binary_data_output=True))
+    np.testing.assert_array_equal(out["x"], x)
+
+
+# -- data ------------------------------------------------------------------------
+
+NUMERIC: list[tuple[str, np.ndarray[Any, Any]]] = [
+    ("BOOL", np.array([[True, False, True], [False, False, True]])),
+    ("UINT8", np.array([0, 1, 255], dtype=np.uint8)),
+    ("UINT16", np.array([0, 65535], dtype=np.uint16)),
+    ("UINT32", np.array([0, 2**32 - 1], dtype=np.uint32)),
+    ("UINT64", np.array([0, 2**64 - 1], dtype=np.uint64)),
+    ("INT8", np.array([-128, 127], dtype=np.int8)),
+    ("INT16", np.array([-(2**15), 2**15 - 1], dtype=np.int16)),
+    ("INT32", np.arange(-6, 6, dtype=np.int32).reshape(3, 4)),
+    ("INT64", np.array([-(2**63), 2**63 - 1], dtype=np.int64)),
+    ("FP32", np.array([0.5, -1.25, 3e38], dtype=np.float32)),
+    ("FP64", np.array([[1e-300, -2.5]], dtype=np.float64)),
+]
+BINARY_ONLY: list[tuple[str, np.ndarray[Any, Any]]] = [
+    ("FP16", np.array([1.5, -2.0, 65504], dtype=np.float16)),
+    ("BF16", np.array([1.0, -2.5, 3.0], dtype=ml_dtypes.bfloat16)),
+]
+NON_UTF8 = np.array([b"\xff\xfe", b"", b"ok", b"\x00\x80"], dtype=np.object_)
+UTF8 = np.array([b"hello", "h\u00e9".encode(), b""], dtype=np.object_)
+
+
+def _as_bytes(arr: np.ndarray[Any, Any]) -> list[bytes]:
+    return [x if isinstance(x, bytes) else str(x).encode() for x in arr.ravel()]
+
+
+# -- tritonclient (sync) -----------------------------------------------------------
+
+
+def _triton(port: int) -> httpclient.InferenceServerClient:
+    return httpclient.InferenceServerClient(f"127.0.0.1:{port}", connection_timeout=30)
+
+
+def _triton_echo(
+    port: int,
+    items: list[tuple[str, str, np.ndarray[Any, Any]]],
+    *,
+    binary_in: bool,
+    binary_out: bool,
+) -> httpclient.InferResult:
+    inputs = []
+    for name, datatype, arr in items:
+        inp = httpclient.InferInput(name, list(arr.shape), datatype)
+        inp.set_data_from_numpy(arr, binary_data=binary_in or datatype in ("FP16", "BF16"))
+        inputs.append(inp)
+    outputs = [httpclient.InferRequestedOutput(n, binary_data=binary_out) for n, _, _ in items]
+    client = _triton(port)
+    try:
+        return client.infer("echo", inputs, outputs=outputs)
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("binary_in", [True, False], ids=["bin_in", "json_in"])
+@pytest.mark.parametrize("binary_out", [True, False], ids=["bin_out", "json_out"])
+def test_tritonclient_every_datatype(
+    server: ServerThread, binary_in: bool, binary_out: bool
+) -> None:
+    items = [(f"t_{dt}", dt, arr) for dt, arr in NUMERIC + BINARY_ONLY]
+    items.append(("t_bytes", "BYTES", UTF8))
+    result = _triton_echo(server.port, items, binary_in=binary_in, binary_out=binary_out)
+    for name, datatype, arr in items:
+        got = result.as_numpy(name)
+        if datatype == "BYTES":
+            assert _as_bytes(got) == _as_bytes(arr)
+        else:
+            assert got.shape == arr.shape
+            np.testing.assert_array_equal(got.astype(arr.dtype), arr)
+        output = result.get_output(name)
+        assert output["datatype"] == datatype
+        binary = "binary_data_size" in output.get("parameters", {})
+        assert binary == (binary_out or datatype in ("FP16", "BF16"))
+
+
+def test_tritonclient_non_utf8_bytes(server: ServerThread) -> None:
+    # Asked for as JSON, BYTES that are not UTF-8 still come back binary.
+    for binary_out in (True, False):
+        result = _triton_echo(
+            server.port, [("s", "BYTES", NON_UTF8)], binary_in=True, binary_out=binary_out
+        )
+        assert _as_bytes(result.as_numpy("s")) == list(NON_UTF8)
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_tritonclient_zero_size(server: ServerThread, binary: bool) -> None:
+    items: list[tuple[str, str, np.ndarray[Any, Any]]] = [
+        ("f", "FP32", np.zeros((0,), dtype=np.float32)),
+        ("i", "INT64", np.zeros((2, 0), dtype=np.int64)),
+        ("b", "BOOL", np.zeros((0, 3), dtype=np.bool_)),
+        ("s", "BYTES", np.zeros((0,), dtype=np.object_)),
+        ("h", "FP16", np.zeros((0, 2), dtype=np.float16)),
+    ]
+    result = _triton_echo(server.port, items, binary_in=binary, binary_out=binary)
+    for name, _, arr in items:
+        assert result.as_numpy(name).shape == arr.shape
+
+
+def test_tritonclient_metadata_and_health(server: ServerThread) -> None:
+    client = _triton(server.port)
+    try:
+        assert client.is_server_live()
+        assert client.is_server_ready()
+        assert client.is_model_ready("echo")
+        meta = client.get_server_metadata()
+        assert "binary_tensor_data" in meta["extensions"]
+        assert client.get_model_metadata("echo")["name"] == "echo"
+        assert client.get_model_metadata("events", model_version="2")["versions"] == ["1", "2"]
+        with pytest.raises(InferenceServerException, match="unknown model"):
+            client.get_model_metadata("nope")
+    finally:
+        client.close()
+
+
+def test_tritonclient_errors(server: ServerThread) -> None:
+    client = _triton(server.port)
+    try:
+        inp = httpclient.InferInput("x", [2], "FP32")
+        inp.set_data_from_numpy(np.zeros(2, dtype=np.float32))
+        inp._datatype = "FP8"  # no V2 datatype: the server must say so
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("echo", [inp])
+        assert info.value.status() == "400"
+        assert "invalid datatype 'FP8'" in info.value.message()
+
+        inp = httpclient.InferInput("x", [2], "FP32")
+        inp.set_data_from_numpy(np.zeros(2, dtype=np.float32))
+        with pytest.raises(InferenceServerException, match="unexpected inference output"):
+            client.infer("echo", [inp], outputs=[httpclient.InferRequestedOutput("y")])
+        with pytest.raises(InferenceServerException, match="unknown model"):
+            client.infer("nope", [inp])
+        # The same client goes on working after errors.
+        result = client.infer("echo", [inp])
+        np.testing.assert_array_equal(result.as_numpy("x"), np.zeros(2, dtype=np.float32))
+    finally:
+        client.close()
+
+
+def test_tritonclient_aio(server: ServerThread) -> None:
+    async def main() -> None:
+        client = aioclient.InferenceServerClient(f"127.0.0.1:{server.port}")
+        try:
+            assert await client.is_server_live()
+            meta = await client.get_server_metadata()
+            assert "binary_tensor_data" in meta["extensions"]
+            for binary in (True, False):
+                inputs = []
+                for dt, arr in [*NUMERIC, ("BYTES", UTF8)]:
+                    inp = aioclient.InferInput(dt, list(arr.shape), dt)
+                    inp.set_data_from_numpy(arr, binary_data=binary)
+                    inputs.append(inp)
+                inp = aioclient.InferInput("raw", list(NON_UTF8.shape), "BYTES")
+                inp.set_data_from_numpy(NON_UTF8, binary_data=True)
+                inputs.append(inp)
+                outputs = [aioclient.InferRequestedOutput(i.name(), binary) for i in inputs]
+                result = await client.infer("echo", inputs, outputs=outputs)
+                for dt, arr in NUMERIC:
+                    np.testing.assert_array_equal(result.as_numpy(dt).astype(arr.dtype), arr)
+                assert _as_bytes(result.as_numpy("BYTES")) == _as_bytes(UTF8)
+                assert _as_bytes(result.as_numpy("raw")) == list(NON_UTF8)
+            bad = aioclient.InferInput("x", [1], "INT32")
+            bad.set_data_from_numpy(np.zeros(1, dtype=np.int32))
+            bad._datatype = "INT4"
+            with pytest.raises(InferenceServerException, match="invalid datatype"):
+                await client.infer("echo", [bad])
+        finally:
+            await client.close()
+
+    run(main())
+
+
+# -- binproto's client -------------------------------------------------------------
+
+
+def test_client_round_trip(server: ServerThread) -> None:
+    inputs = {dt: arr for dt, arr in NUMERIC + BINARY_ONLY}
+    inputs["bytes"] = NON_UTF8
+
+    async def main() -> None:
+        async with Client("127.0.0.1", server.port) as c:
+            for kw in (
+                {"binary_data_output": True},
+                {"binary_data_output": False},
+                {"outputs": ["INT32", "bytes"], "binary_data_output": True},
+            ):
+                out = await c.infer("echo", inputs, **kw)
+                wanted = kw.get("outputs", list(inputs))
+                assert list(out) == wanted
+                for name in wanted:
+                    np.testing.assert_array_equal(out[name], inputs[name])
+            # JSON inputs, a requested output with binary_data, a version.
+            out = await c.infer(
+                "echo",
+                {"a": [[1, 2], [3, 4]], "b": np.array([True])},
+                outputs=[binproto.RequestedOutput("a", binary_data=True)],
+                binary=False,
+                model_version="1",
+            )
+            np.testing.assert_array_equal(out["a"], np.array([[1, 2], [3, 4]]))
+            assert list(out) == ["a"]
+            status, body = await c.get("/v2")
+            assert status == 200 and "binary_tensor_data" in json.loads(body)["extensions"]
+            with pytest.raises(HTTPError) as info:
+                await c.infer("echo", {"x": np.zeros(1)}, outputs=["nope"])
+            assert info.value.status == 400 and "unexpected inference output" in info.value.message
+            # Still usable after an error response.
+            out = await c.infer("echo", {"x": np.ones(3)})
+            np.testing.assert_array_equal(out["x"], np.ones(3))
+
+    run(main())
+
+
+def test_client_streams_response_events(server: ServerThread) -> None:
+    x = np.arange(4 << 20, dtype=np.uint8)
+
+    async def main() -> list[Any]:
+        seen: list[Any] = []
+        async with Client("127.0.0.1", server.port) as c:
+            async with c.stream("echo", {"x": x}, binary_data_output=True) as response:
+                assert response.status == 200
+                received = bytearray()
+                async for event in response:
+                    seen.append(type(event))
+                    if type(event) is TensorChunk:
+                        received += event.data
+                assert bytes(received) == x.tobytes()
+                assert response.header is not None
+                assert response.header.tensor("x").shape == x.shape
+            # The connection is reused afterwards.
+            out = await c.infer("echo", {"y": np.arange(3)})
+            np.testing.assert_array_equal(out["y"], np.arange(3))
+        return seen
+
+    seen = run(main())
+    assert seen[0] is HeaderParsed and seen[-1] is MessageComplete
+    assert seen.count(TensorChunk) > 1  # delivered as it arrived, not at the end
+    assert seen.count(TensorComplete) == 1
+
+
+def test_handler_gets_events_as_they_arrive(server: ServerThread) -> None:
+    x = np.zeros(2 << 20, dtype=np.float32)
+    out = run(_events_call(server.port, x))
+    assert out["complete"][0] == 2
+    assert out["chunks"][0] > 1
+
+
+async def _events_call(port: int, x: np.ndarray[Any, Any]) -> dict[str, np.ndarray[Any, Any]]:
+    async with Client("127.0.0.1", port) as c:
+        return await c.infer("events", {"x": x, "j": [1, 2]}, model_version="2")
+
+
+def test_client_receives_response_tensors_in_place(server: ServerThread) -> None:
+    x = np.arange(1 << 20, dtype=np.float64)
+    dest = np.empty_like(x)
+
+    async def main() -> None:
+        async with Client("127.0.0.1", server.port, zero_copy=True) as c:
+            async with c.stream("echo", {"x": x}, binary_data_output=True) as response:
+                out = await response.tensors({"x": dest})
+                asm = response.body.assembler
+                assert asm is not None
+                assert out["x"] is dest
+                assert asm.bytes_copied + asm.bytes_in_place == x.nbytes
+                assert asm.bytes_copied <= 1 << 16
+
+    run(main())
+    np.testing.assert_array_equal(dest, x)
+
+
+def test_zero_copy_receive_on_the_server(server: ServerThread) -> None:
+    x = np.random.default_rng(0).standard_normal((1024, 1024)).astype(np.float32)
+    out = run(_call(server.port, "into", {"x": x}))
+    assert RECORDER.result is RECORDER.destination  # the array the handler chose
+    np.testing.assert_array_equal(RECORDER.result, x)
+    assert out["copied"][0] + out["in_place"][0] == x.nbytes
+    if server.zero_copy:
+        # Only bytes read together with the request head were copied (one read).
+        assert out["copied"][0] <= 1 << 16
+        assert out["in_place"][0] >= x.nbytes - (1 << 16)
+    else:
+        assert out["in_place"][0] == 0
+
+
+async def _call(port: int, model: str, inputs: dict[str, Any]) -> dict[str, np.ndarray[Any, Any]]:
+    async with Client("127.0.0.1", port) as c:
+        return await c.infer(model, inputs, binary_data_output=True)
+
+
+# -- adversarial peers on raw sockets ---------------------------------------------------
+
+
+def _request_bytes(inputs: dict[str, Any], target: str = "/v2/models/echo/infer") -> bytes:
+    body = binproto.encode_request(inputs, binary_data_output=True)
+    conn = h11.Connection(h11.CLIENT)
+    return b"".join(bytes(p) for p in send_message(conn, request_for(target, body), body))
+
+
+def _read_response(sock: socket.socket) -> tuple[int, bytes, bool]:
+    """Status, body, and whether the server then closed the connection."""
+    conn = h11.Connection(h11.CLIENT)
+    conn.send(h11.Request(method="GET", target="/", headers=[("Host", "x")]))
+    conn.send(h11.EndOfMessage())
+    status = 0
+    body = bytearray()
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(sock.recv(65536))
+            continue
+        if type(event) is h11.Response:
+            status = event.status_code
+        elif type(event) is h11.Data:
+            body += event.data
+        elif type(event) is h11.EndOfMessage:
+            break
+    closed = False
+    sock.settimeout(5)
+    try:
+        closed = sock.recv(1) == b""
+    except (TimeoutError, ConnectionError):
+        closed = False
+    return status, bytes(body), closed
+
+
+def _connect(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def test_one_byte_chunks(server: ServerThread) -> None:
+    x = np.arange(20, dtype=np.int16)
+    wire = _request_bytes({"x": x, "s": np.array([b"\xff"], dtype=object)})
+    with _connect(server.port) as sock:
+        for i in range(len(wire)):
+            sock.sendall(wire[i : i + 1])
+        conn = h11.Connection(h11.CLIENT)
+        conn.send(h11.Request(method="GET", target="/", headers=[("Host", "x")]))
+        conn.send(h11.EndOfMessage())
+        head = None
+        while (ev := conn.next_event()) is h11.NEED_DATA or type(ev) is not h11.Response:
+            conn.receive_data(sock.recv(65536))
+        head = ev
+        data = bytearray()
+        while type(ev := conn.next_event()) is not h11.EndOfMessage:
+            if ev is h11.NEED_DATA:
+                conn.receive_data(sock.recv(65536))
+            elif type(ev) is h11.Data:
+                data += ev.data
+    assert head.status_code == 200
+    hl = int(dict(head.headers)[b"inference-header-content-length"])
+    msg = binproto.decode_response(bytes(data), header_length=hl)
+    np.testing.assert_array_equal(msg.tensors["x"], x)
+    assert list(msg.tensors["s"]) == [b"\xff"]
+
+
+def test_peer_stops_mid_body_and_half_closes(server: ServerThread) -> None:
+    wire = _request_bytes({"x": np.zeros(10000, dtype=np.float32)})
+    with _connect(server.port) as sock:
+        sock.sendall(wire[: len(wire) - 5000])
+        sock.shutdown(socket.SHUT_WR)
+        status, body, closed = _read_response(sock)
+    assert status == 400
+    assert "5000" in json.loads(body)["error"]  # says how much was missing
+    assert closed
+    assert_served(server.port)
+
+
+def test_peer_stalls_mid_body_while_others_are_served(server: ServerThread) -> None:
+    wire = _request_bytes({"x": np.zeros(10000, dtype=np.float32)})
+    with _connect(server.port) as stalled:
+        stalled.sendall(wire[: len(wire) // 2])
+        assert_served(server.port)
+        stalled.close()
+    assert_served(server.port)
+
+
+def test_peer_sends_more_than_content_length(server: ServerThread) -> None:
+    x = np.arange(5, dtype=np.int32)
+    wire = _request_bytes({"x": x})
+    with _connect(server.port) as sock:
+        sock.sendall(wire + b"\x00garbage that is no request\r\n\r\n")
+        received = bytearray()
+        while data := sock.recv(65536):  # until the server closes
+            received += data
+    # The declared body was complete and valid; what followed is not a request.
+    statuses = re.findall(rb"HTTP/1.1 (\d{3}) ", bytes(received))
+    assert statuses == [b"200", b"400"]
+    assert_served(server.port)
+
+
+def test_body_holds_more_than_the_header_declares(server: ServerThread) -> None:
+    body = binproto.encode_request({"x": np.arange(4, dtype=np.int32)})
+    extra = bytes(body) + b"\x00" * 8
+    head = (
+        "POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n"
+        f"Content-Length: {len(extra)}\r\n"
+        f"Inference-Header-Content-Length: {body.header_length}\r\n\r\n"
+    ).encode()
+    with _connect(server.port) as sock:
+        sock.sendall(head + extra)
+        status, data, _ = _read_response(sock)
+    assert status == 400
+    assert "additional" in json.loads(data)["error"]
+    assert_served(server.port)
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "pattern"),
+    [
+        (b"BLAH\r\n\r\n", 400, None),
+        (
+            b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n{bad}",
+            400,
+            "",
+        ),
+        (
+            b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+            b"Inference-Header-Content-Length: -1\r\n\r\n{}",
+            400,
+            "inference header size",
+        ),
+        (b"GET /v2/nothing HTTP/1.1\r\nHost: x\r\n\r\n", 404, "Not Found"),
+        (b"GET /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n\r\n", 405, "not allowed"),
+    ],
+)
+def test_bad_requests(server: ServerThread, raw: bytes, status: int, pattern: str | None) -> None:
+    with _connect(server.port) as sock:
+        sock.sendall(raw)
+        got, body, _ = _read_response(sock)
+    assert got == status
+    if pattern is not None:
+        assert re.search(pattern, json.loads(body)["error"])
+    assert_served(server.port)
+
+
+# -- the reference server as a process, with a 256 MiB tensor ------------------------------
+
+
+def _vm(pid: int, key: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(key)
+
+
+@pytest.fixture
+def serve_process(request: pytest.FixtureRequest) -> Iterator[tuple[int, int]]:
+    args = [sys.executable, "-m", "binproto", "serve", "--port", "0", *request.param]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+        assert match, line
+        yield proc.pid, int(match.group(1))
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("serve_process", [[], ["--streams"]], indirect=True, ids=["zc", "st"])
+def test_256_mib_through_the_reference_server(serve_process: tuple[int, int]) -> None:
+    pid, port = serve_process
+    assert_served(port)  # warm up: imports, first allocations
+    before = _vm(pid, "VmRSS")
+    x = np.arange(64 << 20, dtype=np.float32)  # 256 MiB
+    out = run(_echo(port, {"x": x}, binary_data_output=True))
+    assert out["x"].dtype == np.float32
+    assert np.array_equal(out["x"], x)
+    peak = _vm(pid, "VmHWM")
+    # The echo model holds the tensor once; everything else is O(chunk).
+    assert peak - before <= x.nbytes * 1.1, (peak - before) / x.nbytes
+
+
+def test_serve_command_answers_health_checks() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "binproto", "serve", "--port", "0", "--host", "127.0.0.1"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        match = re.search(r":(\d+)$", proc.stdout.readline().strip())
+        assert match
+        client = _triton(int(match.group(1)))
+        try:
+            assert client.is_server_live()
+            assert "binary_tensor_data" in client.get_server_metadata()["extensions"]
+        finally:
+            client.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
