@@ -1,0 +1,671 @@
+"""The trio adapter over loopback: binproto's trio client against the trio server,
+the real tritonclient (sync and aio) calling the trio server, a 64 MiB tensor,
+adversarial peers, and ``python -m binproto serve --backend trio``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+import tritonclient.http as triton_http
+import tritonclient.http.aio as triton_aio
+from tritonclient.utils import InferenceServerException
+
+import binproto
+from binproto import HeaderParsed, MessageComplete, TensorChunk, TensorComplete
+from binproto.adapters import trio as bt
+from binproto.adapters._server import InferenceError, InferRequest, Model, V2Server, echo_model
+from binproto.adapters.h11 import HTTPError
+from tests.helpers import bytes_tensor, make_body
+from tests.interop.samples import DATATYPES, sample, utf8_bytes
+
+MiB = 1 << 20
+Array = np.ndarray[Any, Any]
+
+
+# -- models and servers -------------------------------------------------------------
+
+
+async def _fail(request: InferRequest) -> Any:
+    await request.tensors()
+    raise InferenceError("the model refuses this input", 422)
+
+
+async def _boom(request: InferRequest) -> Any:
+    raise RuntimeError("kaput")
+
+
+async def _probe(request: InferRequest) -> Any:
+    """Echo the inputs and say how many of their bytes were received in place."""
+    tensors = await request.tensors()
+    assembler = request.body.assembler
+    assert assembler is not None
+    return {**tensors, "in_place": np.array([assembler.bytes_in_place], dtype=np.int64)}
+
+
+def app() -> V2Server:
+    """A server with the echo model and models that fail, crash and probe."""
+    return V2Server(
+        models=[
+            echo_model(),
+            Model("fail", _fail),
+            Model("boom", _boom),
+            Model("probe", _probe),
+        ]
+    )
+
+
+def run_trio(
+    test: Callable[[int], Awaitable[None]], *, zero_copy: bool = True, timeout: float = 30
+) -> None:
+    """Run ``test(port)`` under trio.run, against a trio server on a free port."""
+
+    async def main() -> None:
+        with trio.fail_after(timeout):
+            async with trio.open_nursery() as nursery:
+                port = await nursery.start(functools.partial(bt.serve, app(), zero_copy=zero_copy))
+                await test(port)
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+@contextlib.contextmanager
+def server_thread(**options: Any) -> Iterator[int]:
+    """A trio server in a background thread (its own trio.run); yields its port."""
+    ready = threading.Event()
+    state: dict[str, Any] = {}
+
+    def on_ready(port: int) -> None:
+        state["port"] = port
+        ready.set()
+
+    async def main() -> None:
+        with trio.CancelScope() as scope:
+            state["scope"] = scope
+            state["token"] = trio.lowlevel.current_trio_token()
+            await bt.serve(app(), ready=on_ready, **options)
+
+    def run() -> None:
+        try:
+            trio.run(main)
+        except BaseException as exc:
+            state["error"] = exc
+            ready.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert ready.wait(10), "the trio server did not start"
+    if "error" in state:
+        raise state["error"]
+    try:
+        yield state["port"]
+    finally:
+        state["token"].run_sync_soon(state["scope"].cancel)
+        thread.join(10)
+        assert not thread.is_alive()
+        assert "error" not in state, state.get("error")
+
+
+@pytest.fixture(scope="module")
+def port() -> Iterator[int]:
+    with server_thread(timeout=10) as p:
+        yield p
+
+
+# -- comparing arrays -----------------------------------------------------------------
+
+
+def same(got: Array, want: Array) -> bool:
+    """Same shape, dtype and bytes (NaN, -0.0 and BF16 compared bit for bit)."""
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return False
+    if want.dtype == object:
+        return [bytes(x) for x in got.ravel()] == [bytes(x) for x in want.ravel()]
+    return got.tobytes() == want.tobytes()
+
+
+def binary_expected(datatype: str, binary: bool) -> bool:
+    """Whether an output travels binary: as asked, but FP16 and BF16 always do."""
+    return binary or datatype in ("FP16", "BF16")
+
+
+# -- binproto's trio client against the trio server -----------------------------------
+
+
+@pytest.mark.parametrize("datatype", DATATYPES)
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_round_trip_every_datatype(datatype: str, binary: bool) -> None:
+    arr = sample(datatype) if binary or datatype != "BYTES" else utf8_bytes()
+    arr = arr.reshape(2, 2)
+
+    async def test(port: int) -> None:
+        async with bt.Client("127.0.0.1", port) as c:
+            async with c.stream(
+                "echo", {"x": arr}, binary=binary, binary_data_output=binary, id="r1"
+            ) as response:
+                got = await response.tensors()
+                header = response.header
+            assert header is not None and header.id == "r1"
+            assert same(got["x"], arr), (got["x"], arr)
+            info = header.tensor("x")
+            assert info.datatype == datatype
+            assert (info.binary_size is not None) == binary_expected(datatype, binary)
+
+    run_trio(test)
+
+
+def test_every_datatype_in_one_request_both_backends_of_receive() -> None:
+    arrays = {dt: sample(dt) for dt in DATATYPES}
+
+    async def test(port: int) -> None:
+        for zero_copy in (True, False):
+            async with bt.Client("127.0.0.1", port, zero_copy=zero_copy) as c:
+                got = await c.infer("echo", arrays, binary_data_output=True)
+                assert list(got) == list(arrays)
+                for name, arr in arrays.items():
+                    assert same(got[name], arr), name
+
+    run_trio(test)
+    run_trio(test, zero_copy=False)
+
+
+def test_bytes_not_utf8_come_back_binary_even_when_json_is_asked() -> None:
+    arr = np.array([b"\xff\xfe\x00", b"", b"\x80abc", "é".encode()], dtype=np.object_)
+
+    async def test(port: int) -> None:
+        async with bt.Client("127.0.0.1", port) as c:
+            async with c.stream("echo", {"s": arr}, binary_data_output=False) as response:
+                got = await response.tensors()
+                assert response.header is not None
+                assert response.header.tensor("s").binary_size == len(bytes_tensor(list(arr)))
+            assert same(got["s"], arr)
+            with pytest.raises(binproto.LocalProtocolError, match="not valid UTF-8"):
+                await c.infer("echo", {"s": arr}, binary=False)
+
+    run_trio(test)
+
+
+def test_zero_size_tensors() -> None:
+    arrays: dict[str, Array] = {
+        "f": np.zeros((0,), dtype=np.float32),
+        "i": np.zeros((2, 0, 3), dtype=np.int8),
+        "s": np.array([], dtype=np.object_),
+        "b": np.zeros((0, 4), dtype=np.bool_),
+    }
+
+    async def test(port: int) -> None:
+        async with bt.Client("127.0.0.1", port) as c:
+            for binary in (True, False):
+                got = await c.infer("echo", arrays, binary=binary, binary_data_output=binary)
+                for name, arr in arrays.items():
+                    assert same(got[name], arr), (name, binary)
+
+    run_trio(test)
+
+
+def test_streaming_events_in_body_order() -> None:
+    a = np.arange(300_000, dtype=np.float32)
+    b = np.array([b"x" * 1000, b"\x00\xff"], dtype=np.object_)
+
+    async def test(port: int) -> None:
+        async with bt.Client("127.0.0.1", port) as c:
+            async with c.stream("echo", {"a": a, "b": b}, binary_data_output=True) as response:
+                assert response.status == 200
+                events = [event async for event in response]
+            # The connection is reused after a fully read response.
+            again = await c.infer("echo", {"a": a[:5]})
+            assert same(again["a"], a[:5])
+        assert type(events[0]) is HeaderParsed
+        assert type(events[-1]) is MessageComplete
+        pieces: dict[int, bytearray] = {0: bytearray(), 1: bytearray()}
+        completed = []
+        for event in events[1:-1]:
+            if type(event) is TensorChunk:
+                assert event.offset == len(pieces[event.index])
+                pieces[event.index] += event.data
+            else:
+                assert type(event) is TensorComplete
+                completed.append(event.name)
+        assert completed == ["a", "b"]
+        assert bytes(pieces[0]) == a.tobytes()
+        assert bytes(pieces[1]) == bytes_tensor(list(b))
+        # A 1.2 MB tensor read as it arrives, not in one piece.
+        assert sum(type(e) is TensorChunk and e.index == 0 for e in events) > 1
+
+    run_trio(test)
+
+
+@pytest.mark.parametrize("zero_copy", [True, False], ids=["recv_into", "receive_some"])
+def test_tensor_bytes_received_in_place(zero_copy: bool) -> None:
+    x = np.arange(MiB // 4, dtype=np.float32)
+
+    async def test(port: int) -> None:
+        async with bt.Client("127.0.0.1", port, zero_copy=zero_copy) as c:
+            async with c.stream("probe", {"x": x}, binary_data_output=True) as response:
+                got = await response.tensors()
+                client_asm = response.body.assembler
+        assert same(got["x"], x)
+        assert client_asm is not None
+        # Some bytes arrive with the head and go through h11; the rest in place.
+        server_in_place = int(got["in_place"][0])
+        if zero_copy:
+            assert x.nbytes - 65536 <= server_in_place <= x.nbytes
+            # The response holds the 8-byte "in_place" output too.
+            assert x.nbytes - 65536 <= client_asm.bytes_in_place <= x.nbytes + 8
+        else:
+            assert server_in_place == 0 and client_asm.bytes_in_place == 0
+
+    run_trio(test, zero_copy=zero_copy)
+
+
+def test_errors_are_v2_error_responses_and_the_client_keeps_working() -> None:
+    x = np.ones(3, dtype=np.float32)
+
+    async def test(port: int) -> None:
+        async with bt.Client("127.0.0.1", port) as c:
+            with pytest.raises(HTTPError) as info:
+                await c.infer("nope", {"x": x})
+            assert info.value.status == 404 and "unknown model: 'nope'" in info.value.message
+            with pytest.raises(HTTPError) as info:
+                await c.infer("echo", {"x": x}, model_version="9")
+            assert info.value.status == 404 and "version 9" in info.value.message
+            with pytest.raises(HTTPError) as info:
+                await c.infer("echo", {"x": x}, outputs=["y"])
+            assert info.value.status == 400
+            assert "unexpected inference output 'y'" in info.value.message
+            with pytest.raises(HTTPError) as info:
+                await c.infer("fail", {"x": x})
+            assert (info.value.status, info.value.message) == (422, "the model refuses this input")
+            with pytest.raises(HTTPError) as info:
+                await c.infer("boom", {"x": x})
+            assert info.value.status == 500 and "kaput" in info.value.message
+            status, body = await c.get("/v2/nowhere")
+            assert status == 404 and json.loads(body) == {"error": "Not Found"}
+            assert same((await c.infer("echo", {"x": x}))["x"], x)
+        async with bt.Client("127.0.0.1", port) as c:
+            # Last on its connection: the server closes it after this answer.
+            status, body = await c.get("/v2/models/echo/infer")
+            assert status == 405 and "not allowed" in json.loads(body)["error"]
+
+    run_trio(test)
+
+
+def test_health_and_metadata() -> None:
+    async def test(port: int) -> None:
+        async with bt.Client("127.0.0.1", port) as c:
+            assert (await c.get("/v2/health/live"))[0] == 200
+            assert (await c.get("/v2/health/ready"))[0] == 200
+            assert (await c.get("/v2/models/echo/ready"))[0] == 200
+            assert (await c.get("/v2/models/nope/ready"))[0] == 404
+            status, body = await c.get("/v2")
+            assert status == 200 and "binary_tensor_data" in json.loads(body)["extensions"]
+            status, body = await c.get("/v2/models/echo")
+            assert status == 200 and json.loads(body)["name"] == "echo"
+
+    run_trio(test)
+
+
+def test_a_stalled_client_times_out_and_others_are_served() -> None:
+    async def test(port: int) -> None:
+        stalled = await trio.open_tcp_stream("127.0.0.1", port)
+        await stalled.send_all(b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n")
+        async with bt.Client("127.0.0.1", port) as c:
+            assert same((await c.infer("echo", {"x": np.ones(2)}))["x"], np.ones(2))
+        # The server gives up on the silent peer after its timeout and closes.
+        with trio.fail_after(10):
+            assert await stalled.receive_some(100) == b""
+        await stalled.aclose()
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(functools.partial(bt.serve, app(), timeout=0.5))
+            await test(port)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+@pytest.mark.slow
+def test_64mib_tensor_through_the_trio_server_and_client() -> None:
+    x = np.arange(16 * MiB, dtype=np.float32)  # 64 MiB; every value distinct
+    x[::4096] = -x[::4096]
+
+    async def test(port: int) -> None:
+        async with bt.Client("127.0.0.1", port) as c:
+            async with c.stream("probe", {"x": x}, binary_data_output=True) as response:
+                got = await response.tensors()
+                asm = response.body.assembler
+        assert got["x"].shape == x.shape and got["x"].dtype == np.float32
+        assert np.array_equal(got["x"], x)
+        assert asm is not None and asm.bytes_in_place >= x.nbytes - 65536
+        assert int(got["in_place"][0]) >= x.nbytes - 65536
+
+    run_trio(test, timeout=60)
+
+
+# -- the real tritonclient calling the trio server ------------------------------------
+
+TRITON_TYPES = ["BOOL", "UINT8", "INT16", "INT32", "INT64", "UINT64", "FP16", "FP32", "FP64"]
+
+
+def triton_sample(datatype: str) -> Array:
+    dtype = binproto.DATATYPES[datatype].dtype
+    if datatype == "BOOL":
+        return np.array([[True, False, True], [False, False, True]])
+    return (np.arange(6) * 3 + 1).astype(dtype).reshape(2, 3)
+
+
+# tritonclient has no JSON form for FP16: it is only sent binary.
+TRITON_CASES = [(dt, b) for dt in TRITON_TYPES for b in (True, False) if b or dt != "FP16"]
+
+
+@pytest.mark.parametrize(("datatype", "binary"), TRITON_CASES)
+def test_tritonclient_round_trip(port: int, datatype: str, binary: bool) -> None:
+    arr = triton_sample(datatype)
+    client = triton_http.InferenceServerClient(f"127.0.0.1:{port}")
+    try:
+        inp = triton_http.InferInput("x", list(arr.shape), datatype)
+        inp.set_data_from_numpy(arr, binary_data=binary)
+        out = triton_http.InferRequestedOutput("x", binary_data=binary)
+        result = client.infer("echo", [inp], outputs=[out], request_id="t1")
+        assert same(result.as_numpy("x"), arr)
+        response = result.get_response()
+        assert response["id"] == "t1" and response["model_name"] == "echo"
+        params = response["outputs"][0].get("parameters", {})
+        assert ("binary_data_size" in params) == binary_expected(datatype, binary)
+    finally:
+        client.close()
+
+
+def test_tritonclient_bytes_binary_data_output_and_zero_size(port: int) -> None:
+    text = np.array([[b"\xff\xfe"], [b""], [b"\x80 not utf-8"]], dtype=np.object_)
+    words = np.array([b"plain", b"\xc3\xa9"], dtype=np.object_)
+    empty = np.zeros((0, 5), dtype=np.float32)
+    client = triton_http.InferenceServerClient(f"127.0.0.1:{port}")
+    try:
+        inputs = []
+        for name, arr, dt, binary in [
+            ("text", text, "BYTES", True),
+            ("words", words, "BYTES", False),
+            ("empty", empty, "FP32", True),
+        ]:
+            inp = triton_http.InferInput(name, list(arr.shape), dt)
+            inp.set_data_from_numpy(arr, binary_data=binary)
+            inputs.append(inp)
+        # No outputs named: tritonclient asks for binary_data_output.
+        result = client.infer("echo", inputs)
+        assert same(result.as_numpy("text"), text)
+        assert same(result.as_numpy("words"), words)
+        assert same(result.as_numpy("empty"), empty)
+        assert all("binary_data_size" in o["parameters"] for o in result.get_response()["outputs"])
+        # JSON asked for every output: the non-UTF-8 BYTES still come back binary.
+        outputs = [
+            triton_http.InferRequestedOutput(n, binary_data=False) for n in ("text", "words")
+        ]
+        result = client.infer("echo", inputs, outputs=outputs)
+        assert same(result.as_numpy("text"), text)
+        by_name = {o["name"]: o for o in result.get_response()["outputs"]}
+        assert "binary_data_size" in by_name["text"]["parameters"]
+        assert by_name["words"]["data"] == ["plain", "é"]
+    finally:
+        client.close()
+
+
+def test_tritonclient_endpoints_and_errors(port: int) -> None:
+    client = triton_http.InferenceServerClient(f"127.0.0.1:{port}")
+    try:
+        assert client.is_server_live() and client.is_server_ready()
+        assert client.is_model_ready("echo") and not client.is_model_ready("nope")
+        assert "binary_tensor_data" in client.get_server_metadata()["extensions"]
+        inp = triton_http.InferInput("x", [2], "FP32")
+        inp.set_data_from_numpy(np.ones(2, dtype=np.float32))
+        with pytest.raises(InferenceServerException, match="unknown model") as info:
+            client.infer("nope", [inp])
+        assert info.value.status() == "404"
+        with pytest.raises(InferenceServerException, match="refuses this input") as info:
+            client.infer("fail", [inp])
+        assert info.value.status() == "422"
+        with pytest.raises(InferenceServerException, match="unexpected inference output"):
+            client.infer("echo", [inp], outputs=[triton_http.InferRequestedOutput("y")])
+        assert same(client.infer("echo", [inp]).as_numpy("x"), np.ones(2, dtype=np.float32))
+    finally:
+        client.close()
+
+
+def test_tritonclient_aio(port: int) -> None:
+    arrays: dict[str, Array] = {
+        "f": np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4),
+        "i": np.array([[-(2**40), 2**40]], dtype=np.int64),
+        "s": np.array([b"\xff\x00", b"ok"], dtype=np.object_),
+        "b": np.array([True, False]),
+        "e": np.zeros((0,), dtype=np.uint16),
+    }
+    types = {"f": "FP32", "i": "INT64", "s": "BYTES", "b": "BOOL", "e": "UINT16"}
+
+    async def go() -> None:
+        client = triton_aio.InferenceServerClient(f"127.0.0.1:{port}")
+        try:
+            assert await client.is_server_ready()
+            inputs = []
+            for name, arr in arrays.items():
+                inp = triton_aio.InferInput(name, list(arr.shape), types[name])
+                inp.set_data_from_numpy(arr, binary_data=name != "b")
+                inputs.append(inp)
+            outputs = [triton_aio.InferRequestedOutput(n, binary_data=n != "i") for n in arrays]
+            result = await client.infer("echo", inputs, outputs=outputs)
+            for name, arr in arrays.items():
+                assert same(result.as_numpy(name), arr), name
+            params = {o["name"]: o.get("parameters", {}) for o in result.get_response()["outputs"]}
+            assert "binary_data_size" not in params["i"] and "binary_data_size" in params["f"]
+            with pytest.raises(InferenceServerException, match="unknown model"):
+                await client.infer("nope", inputs)
+        finally:
+            await client.close()
+
+    asyncio.run(go())
+
+
+# -- adversarial peers ----------------------------------------------------------------
+
+
+def request_bytes(body: bytes, headers: dict[str, str], *, close: bool = True) -> bytes:
+    """A raw infer request for the echo model (``Connection: close`` unless not ``close``)."""
+    lines = ["POST /v2/models/echo/infer HTTP/1.1", "Host: test"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    if close:
+        lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def valid_request(*, close: bool = True) -> tuple[bytes, Array]:
+    x = np.arange(6, dtype=np.int32)
+    body = binproto.encode_request({"x": x}, binary_data_output=True)
+    return request_bytes(bytes(body), dict(body.headers), close=close), x
+
+
+def read_all(sock: socket.socket) -> bytes:
+    """Everything until the server closes (a 10 s bound on each wait)."""
+    sock.settimeout(10)
+    out = bytearray()
+    while True:
+        try:
+            data = sock.recv(65536)
+        except ConnectionResetError:
+            break
+        if not data:
+            break
+        out += data
+    return bytes(out)
+
+
+def responses(data: bytes) -> list[tuple[int, dict[str, str], bytes]]:
+    """The Content-Length framed responses in ``data``: (status, headers, body)."""
+    out = []
+    while data:
+        head, sep, rest = data.partition(b"\r\n\r\n")
+        assert sep, data
+        status_line, *header_lines = head.decode("latin-1").split("\r\n")
+        headers = {k.lower(): v.strip() for k, _, v in (h.partition(":") for h in header_lines)}
+        n = int(headers["content-length"])
+        out.append((int(status_line.split()[1]), headers, rest[:n]))
+        data = rest[n:]
+    return out
+
+
+def connect(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def assert_still_serving(port: int) -> None:
+    client = triton_http.InferenceServerClient(f"127.0.0.1:{port}")
+    try:
+        inp = triton_http.InferInput("x", [3], "INT32")
+        arr = np.array([1, 2, 3], dtype=np.int32)
+        inp.set_data_from_numpy(arr)
+        assert same(client.infer("echo", [inp]).as_numpy("x"), arr)
+    finally:
+        client.close()
+
+
+def check_echo(data: bytes, x: Array) -> None:
+    [(status, headers, body)] = responses(data)
+    assert status == 200
+    length = binproto.header_length_from(list(headers.items()), content_length=len(body))
+    decoded = binproto.decode_response(body, header_length=length)
+    assert same(decoded.tensors["x"], x)
+
+
+def test_peer_sending_one_byte_at_a_time(port: int) -> None:
+    data, x = valid_request()
+    with connect(port) as sock:
+        for i in range(len(data)):
+            sock.sendall(data[i : i + 1])
+        check_echo(read_all(sock), x)
+    assert_still_serving(port)
+
+
+def test_peer_stopping_mid_body_gets_400_or_a_close(port: int) -> None:
+    data, _ = valid_request()
+    with connect(port) as sock:
+        sock.sendall(data[: len(data) - 10])
+        sock.shutdown(socket.SHUT_WR)
+        answer = read_all(sock)
+    # The server answers before closing: the body ended early.
+    [(status, headers, body)] = responses(answer)
+    assert status == 400 and "missing" in json.loads(body)["error"]
+    assert headers["connection"] == "close"
+    assert_still_serving(port)
+
+
+def test_a_peer_stalled_mid_body_does_not_block_others(port: int) -> None:
+    data, _ = valid_request()
+    with connect(port) as stalled:
+        stalled.sendall(data[: len(data) - 10])
+        assert_still_serving(port)  # while the first one waits mid-body
+        stalled.close()
+    assert_still_serving(port)
+
+
+def test_peer_sending_more_than_its_content_length(port: int) -> None:
+    data, x = valid_request(close=False)
+    with connect(port) as sock:
+        sock.sendall(data + b"GARBAGE THAT IS NOT HTTP\r\n\r\n")
+        answer = read_all(sock)
+    # The declared request is answered; what follows is not HTTP: 400, then close.
+    first, *rest = responses(answer)
+    assert first[0] == 200
+    length = binproto.header_length_from(list(first[1].items()), content_length=len(first[2]))
+    assert same(binproto.decode_response(first[2], header_length=length).tensors["x"], x)
+    assert [r[0] for r in rest] == [400]
+    assert "illegal request line" in json.loads(rest[0][2])["error"]
+    assert_still_serving(port)
+
+
+def test_body_with_more_bytes_than_its_tensors_declare(port: int) -> None:
+    header = {
+        "inputs": [
+            {"name": "x", "shape": [2], "datatype": "FP32", "parameters": {"binary_data_size": 8}}
+        ]
+    }
+    body, hl = make_body(header, b"\0" * 8, b"extra")
+    headers = {"Inference-Header-Content-Length": str(hl), "Content-Length": str(len(body))}
+    with connect(port) as sock:
+        sock.sendall(request_bytes(body, headers))
+        [(status, _, payload)] = responses(read_all(sock))
+    assert status == 400 and "additional input data" in json.loads(payload)["error"]
+    assert_still_serving(port)
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "status", "message"),
+    [
+        (b"{not json", {}, 400, ""),
+        (b"{}", {"Inference-Header-Content-Length": "10"}, 400, ""),
+        (b"{}", {"Content-Encoding": "br"}, 415, "br"),
+    ],
+)
+def test_malformed_bodies_get_v2_errors(
+    port: int, body: bytes, headers: dict[str, str], status: int, message: str
+) -> None:
+    with connect(port) as sock:
+        sock.sendall(request_bytes(body, {**headers, "Content-Length": str(len(body))}))
+        [(got, _, payload)] = responses(read_all(sock))
+    assert got == status
+    assert message in json.loads(payload)["error"]
+
+
+def test_short_binary_tensor_gets_the_size_in_the_error(port: int) -> None:
+    header = {
+        "inputs": [
+            {"name": "x", "shape": [4], "datatype": "FP32", "parameters": {"binary_data_size": 16}}
+        ]
+    }
+    body, hl = make_body(header, b"\0" * 12)
+    headers = {"Inference-Header-Content-Length": str(hl), "Content-Length": str(len(body))}
+    with connect(port) as sock:
+        sock.sendall(request_bytes(body, headers))
+        [(status, _, payload)] = responses(read_all(sock))
+    assert status == 400 and "16 bytes of binary data" in json.loads(payload)["error"]
+
+
+# -- the serve command ----------------------------------------------------------------
+
+
+def test_serve_command_with_the_trio_backend() -> None:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "binproto", "serve", "--backend", "trio", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("binproto: serving V2 on http://127.0.0.1:"), line
+        served_port = int(line.rsplit(":", 1)[1].strip())
+        conn = http.client.HTTPConnection("127.0.0.1", served_port, timeout=10)
+        conn.request("GET", "/v2/health/ready")
+        response = conn.getresponse()
+        assert response.status == 200 and response.read() == b""
+        conn.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
