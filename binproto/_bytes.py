@@ -108,6 +108,8 @@ class BytesFramer:
             self._partial = b""
             self._element(length, self._partial_at)
             i = self._body(data, i, length)
+        if self._out is None and n - i >= 4:
+            i = self._skim(data, offset, i)
         unpack = _U32.unpack_from
         collect = self._out is not None
         while n - i >= 4:
@@ -121,6 +123,33 @@ class BytesFramer:
         if i < n:
             self._partial = bytes(data[i:n])
             self._partial_at = offset + i
+
+    def _skim(self, data: memoryview, offset: int, i: int) -> int:
+        """Pass over the whole elements of ``data`` from ``i``; return where the
+        checked loop of :meth:`feed` goes on.
+
+        The hot path for many short elements: one tight loop over the length
+        prefixes, with the element count and the tensor's end checked once
+        after it. When either check fails nothing is committed and ``i`` is
+        returned, so the checked loop walks the same prefixes again and raises
+        at the exact one at fault.
+        """
+        n = len(data)
+        last = n - 4
+        unpack = _U32.unpack_from
+        j = i
+        steps = 0
+        while j <= last:
+            j += 4 + unpack(data, j)[0]
+            steps += 1
+        count = self._count + steps
+        if count > self.elements or offset + j > self.size:
+            return i
+        self._count = count
+        if j > n:  # the last element goes on in the next chunk
+            self._skip = j - n
+            return n
+        return j
 
     def take(self) -> list[bytes]:
         """The elements completed since the last call (with ``collect`` only)."""
@@ -186,13 +215,13 @@ def split_bytes(buf: Any, count: int) -> np.ndarray[Any, np.dtype[np.object_]]:
     """Split already-checked BYTES framing into a 1-D object array of ``bytes``."""
     data = bytes(buf) if not isinstance(buf, bytes) else buf
     unpack = _U32.unpack_from
-    out: list[bytes] = [b""] * count
+    out: list[bytes] = []
+    append = out.append
     pos = 0
-    for k in range(count):
-        (length,) = unpack(data, pos)
-        pos += 4
-        out[k] = data[pos : pos + length]
-        pos += length
+    for _ in range(count):
+        start = pos + 4
+        pos = start + unpack(data, pos)[0]
+        append(data[start:pos])
     arr = np.empty(count, dtype=object)
     arr[:] = out
     return arr
