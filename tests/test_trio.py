@@ -8,8 +8,10 @@ import asyncio
 import contextlib
 import functools
 import http.client
+import importlib.util
 import json
 import os
+import pathlib
 import socket
 import subprocess
 import sys
@@ -669,3 +671,41 @@ def test_serve_command_with_the_trio_backend() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+# -- the example server ---------------------------------------------------------------
+
+
+def load_example() -> Any:
+    """examples/trio_server.py as a module."""
+    path = pathlib.Path(__file__).resolve().parent.parent / "examples" / "trio_server.py"
+    spec = importlib.util.spec_from_file_location("trio_server_example", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_example_sum_server() -> None:
+    example = load_example()
+    outputs = trio.run(example.demo)
+    assert same(outputs["sum"], np.array([0.5, 1.5, 2.5, 3.5], dtype=np.float32))
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            served = await nursery.start(bt.serve, example.make_server())
+            async with bt.Client("127.0.0.1", served) as c:
+                got = await c.infer(
+                    "sum",
+                    {"a": np.array([1, 2], dtype=np.int8), "b": np.array([0.25, 1], np.float64)},
+                    binary=False,
+                )
+                assert same(got["sum"], np.array([1.25, 3.0]))
+                with pytest.raises(HTTPError, match="same shape") as info:
+                    await c.infer("sum", {"a": np.ones(2), "b": np.ones(3)})
+                assert info.value.status == 400
+                with pytest.raises(HTTPError, match="BYTES"):
+                    await c.infer("sum", {"s": np.array([b"x"], dtype=np.object_)})
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
