@@ -584,3 +584,24 @@ def test_tritonclient_requests_reencode_to_equal_tensors(datatype: str, binary: 
     for name, original in (("x", arr), ("k", np.arange(4, dtype=np.int32))):
         assert arrays_equal(second.tensors[name], first.tensors[name])
         assert arrays_equal(second.tensors[name], original)
+
+
+# -- BYTES serialization -----------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(max_size=200), max_size=40))
+def test_join_bytes_is_the_wire_form(elements: list[bytes]) -> None:
+    joined = binproto.join_bytes(elements)
+    assert joined.dtype == np.uint8 and joined.ndim == 1
+    expected = b"".join(len(e).to_bytes(4, "little") + e for e in elements)
+    assert joined.tobytes() == expected
+    assert binproto.split_bytes(joined, len(elements)).tolist() == elements
+
+
+@pytest.mark.parametrize("length", [0, 1, 63, 64, 65, 1000])
+def test_join_bytes_matches_tritonclient(length: int) -> None:
+    utils = pytest.importorskip("tritonclient.utils")
+    arr = np.empty(50, dtype=object)
+    arr[:] = [bytes([i]) * (length + i % 2) for i in range(50)]
+    assert binproto.join_bytes(arr.tolist()).tobytes() == utils.serialize_byte_tensor(arr).item()
