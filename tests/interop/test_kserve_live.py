@@ -28,6 +28,7 @@ from .kserve_peer import KServePeer, Reply
 from .samples import DATATYPES, sample, triton_input, utf8_bytes
 
 httpclient = pytest.importorskip("tritonclient.http")
+from tritonclient.utils import InferenceServerException  # noqa: E402
 
 OCTET = "application/octet-stream"
 JSON = "application/json"
@@ -438,3 +439,46 @@ def test_error_body_shapes(kserve_server: KServePeer) -> None:
     version = kserve_server.request("POST", "/v2/models/echo/versions/1/infer", NAN_BODY, {})
     assert version.status == 501
     assert "error" in json.loads(version.body)
+
+
+def triton_infer(kind: str, peer: KServePeer, inputs: list[Any]) -> Any:
+    """``infer`` with tritonclient's real sync or aio client against KServe."""
+    url = f"{peer.host}:{peer.port}"
+    if kind == "sync":
+        client = httpclient.InferenceServerClient(url)
+        try:
+            return client.infer(peer.model, inputs)
+        finally:
+            client.close()
+    import asyncio
+
+    import tritonclient.http.aio as aioclient
+
+    async def go() -> Any:
+        client = aioclient.InferenceServerClient(url)
+        try:
+            return await client.infer(peer.model, inputs)
+        finally:
+            await client.close()
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("kind", ["sync", "aio"])
+def test_tritonclient_binary_request_to_kserve(kserve_server: KServePeer, kind: str) -> None:
+    arr = np.arange(6, dtype=np.float32).reshape(2, 3)
+    result = triton_infer(kind, kserve_server, [triton_input("x", arr, "FP32", True)])
+    assert arrays_equal(result.as_numpy("x"), arr)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=InferenceServerException,
+    reason="tritonclient labels a JSON-only body with no Content-Type (sync) or"
+    " application/octet-stream (aio); KServe then wants Inference-Header-Content-Length (400)",
+)
+@pytest.mark.parametrize("kind", ["sync", "aio"])
+def test_tritonclient_json_request_to_kserve(kserve_server: KServePeer, kind: str) -> None:
+    arr = np.arange(6, dtype=np.int32).reshape(2, 3)
+    result = triton_infer(kind, kserve_server, [triton_input("x", arr, "INT32", False)])
+    assert arrays_equal(result.as_numpy("x"), arr)
