@@ -161,7 +161,9 @@ async def serve(
     ``zero_copy`` receives tensor bytes in place with ``recv_into``;
     ``timeout`` bounds each wait for a peer's bytes (None: no bound). Port 0
     picks a free port: ``port = await nursery.start(serve, ...)`` gives the
-    bound one, and ``ready(port)`` is called once listening.
+    bound one, and ``ready(port)`` is called once listening. (With port 0 and
+    a host name with several addresses, each listener gets its own port; the
+    first one is reported.)
     """
     handler = connection_handler(server, zero_copy=zero_copy, timeout=timeout)
     # What trio.serve_tcp does, with the bound port reported in between.
