@@ -140,7 +140,7 @@ class ClientCore:
         return head.status_code, data
 
     async def _small_body(self, stream: ByteStream, conn: h11.Connection) -> bytes:
-        reader = BodyReader(stream, conn, None, allow_direct=False)
+        reader = BodyReader(stream, conn, None, receive_in_place=False)
         out = bytearray()
         while True:
             data = await reader.read()
@@ -199,7 +199,9 @@ class ClientCore:
                 ok = True
                 raise error_message(response.status_code, data)
             parser = parser_for(response, limits=self._limits)
-            reader = BodyReader(stream, conn, parser.content_length, allow_direct=self._zero_copy)
+            reader = BodyReader(
+                stream, conn, parser.content_length, receive_in_place=self._zero_copy
+            )
             result = ResponseStream(response, MessageBody(parser, reader))
             yield result
             ok = result.body.complete and not reader.direct

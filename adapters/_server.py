@@ -8,12 +8,12 @@ and mapping errors to V2 error responses all live here.
 
 Request bodies are read on demand: nothing is read from the socket until the
 handler asks for the next event, so memory stays O(chunk) plus what the
-handler keeps. When the stream supports ``receive_into`` and the body is
-``Content-Length`` framed and not compressed, binary tensor bytes are received
-straight into the tensor's destination array (see
-:meth:`binproto.Parser.next_tensor_region`); h11 is then bypassed for the rest
-of that body, since it has no way to skip body bytes it did not copy, and a
-fresh ``h11.Connection`` serves the next request.
+handler keeps. h11 parses message heads and frames chunked bodies; the bytes
+of a ``Content-Length`` body are read from the stream directly once h11 holds
+none of them (see :class:`BodyReader`). When the stream also supports
+``receive_into`` and the body is not compressed, binary tensor bytes are
+received straight into the tensor's destination array (see
+:meth:`binproto.Parser.next_tensor_region`).
 """
 
 from __future__ import annotations
@@ -111,9 +111,12 @@ def _h11_error(exc: h11.ProtocolError) -> RemoteProtocolError:
 class BodyReader:
     """Reads one message body from a stream and an ``h11.Connection``.
 
-    ``read()`` returns the next piece of the body (empty at its end); a stream
-    with ``receive_into`` lets ``read_into()`` receive into the caller's
-    memory once h11 holds nothing more of the body (``direct`` is then True).
+    ``read()`` returns the next piece of the body (empty at its end). Once h11
+    holds nothing more of a ``Content-Length`` body, the rest is read from the
+    stream directly (``direct``): h11 would copy every byte twice and has no way
+    to skip bytes it did not see, so a fresh ``h11.Connection`` serves the next
+    message. Then, with ``receive_in_place`` and a stream that has
+    ``receive_into``, ``read_into()`` receives into the caller's memory.
     """
 
     def __init__(
@@ -122,17 +125,24 @@ class BodyReader:
         conn: h11.Connection,
         content_length: int | None,
         *,
-        allow_direct: bool,
+        receive_in_place: bool,
     ) -> None:
         self._stream = stream
         self._conn = conn
         self._remaining = content_length
-        self._receive_into = getattr(stream, "receive_into", None) if allow_direct else None
+        self._receive_into = getattr(stream, "receive_into", None) if receive_in_place else None
         self.direct = False  #: h11 is bypassed for the rest of the body
+        # Streams that buffer ahead may prefer larger reads of the body.
+        self._read_size: int = getattr(stream, "read_size", CHUNK)
         self.done = False  #: the whole body has been read
         self.failed: RemoteProtocolError | None = None  #: the fault that ended reading
 
-    async def read(self, max_bytes: int = CHUNK) -> Any:
+    @property
+    def in_place(self) -> bool:
+        """True when :meth:`read_into` may be used now."""
+        return self.direct and self._receive_into is not None
+
+    async def read(self, max_bytes: int = 1 << 62) -> Any:
         """The next piece of the body; ``b""`` at its end; None when nothing
         was read but ``direct`` just became True (try ``read_into``).
         ``max_bytes`` bounds what is read from the stream in direct mode.
@@ -165,7 +175,9 @@ class BodyReader:
                 return b""
             if event is not h11.NEED_DATA:
                 raise RemoteProtocolError(f"unexpected HTTP event {type(event).__name__}")
-            if self._receive_into is not None and self._remaining is not None:
+            if self._remaining is not None:
+                # h11 holds nothing more of a Content-Length body: read the
+                # rest from the stream without it (no copies through h11).
                 self.direct = True
                 return None
             data = await self._stream.receive_some(CHUNK)
@@ -187,7 +199,7 @@ class BodyReader:
         if not remaining:
             self.done = True
             return b""
-        data = await self._stream.receive_some(min(max_bytes, remaining))
+        data = await self._stream.receive_some(min(max_bytes, remaining, self._read_size))
         if not len(data):
             raise self._closed()
         self._remaining = remaining - len(data)
@@ -195,7 +207,7 @@ class BodyReader:
 
     async def read_into(self, view: memoryview) -> int:
         """Receive body bytes into ``view`` (only when ``direct``); returns how many."""
-        assert self.direct and self._receive_into is not None and self._remaining is not None
+        assert self.in_place and self._receive_into is not None and self._remaining is not None
         if self.failed is not None:
             raise self.failed
         n: int = await self._receive_into(view[: self._remaining])
@@ -287,7 +299,7 @@ class MessageBody:
         while not self.complete:
             event = parser.next_event()
             if event is NEED_DATA:
-                region = parser.next_tensor_region() if reader.direct else None
+                region = parser.next_tensor_region() if reader.in_place else None
                 if region is not None:
                     index, offset, count = region
                     view = asm.target(index)[offset : offset + count]
@@ -296,7 +308,7 @@ class MessageBody:
                     parser.receive_data(view[:n])
                 else:
                     # Stop at the end of the JSON header, so tensor bytes go in place.
-                    data = await reader.read(min(CHUNK, header_rest(parser, self._fed)))
+                    data = await reader.read(header_rest(parser, self._fed))
                     if data is not None:
                         self._fed += len(data)
                         parser.receive_data(data)
@@ -557,7 +569,7 @@ class V2Server:
 
     async def _drain_small(self, stream: ByteStream, conn: h11.Connection) -> None:
         """Read the (expectedly empty) body of a GET."""
-        reader = BodyReader(stream, conn, None, allow_direct=False)
+        reader = BodyReader(stream, conn, None, receive_in_place=False)
         total = 0
         while True:
             data = await reader.read()
@@ -597,7 +609,7 @@ class V2Server:
     ) -> tuple[MessageBody, Any]:
         model = self._model(r)
         parser = parser_for(req, limits=self.limits)
-        reader = BodyReader(stream, conn, parser.content_length, allow_direct=self.zero_copy)
+        reader = BodyReader(stream, conn, parser.content_length, receive_in_place=self.zero_copy)
         body = MessageBody(parser, reader)
         header = await body.read_header()
         request = InferRequest(model, r.version, req, header, body)

@@ -52,8 +52,15 @@ __all__ = [
 HIGH_WATER = 1 << 20
 
 
+#: Bytes a StreamReader buffers ahead, and reads of a body through it.
+STREAM_LIMIT = 1 << 20
+
+
 class StreamsStream:
     """A :class:`~binproto.adapters._server.ByteStream` over asyncio streams."""
+
+    #: Body bytes asked for per read (the StreamReader holds up to twice its limit).
+    read_size = STREAM_LIMIT
 
     def __init__(
         self,
@@ -269,7 +276,7 @@ async def start_server(
     async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await app.serve_connection(StreamsStream(reader, writer, timeout))
 
-    return await asyncio.start_server(on_client, host, port)
+    return await asyncio.start_server(on_client, host, port, limit=STREAM_LIMIT)
 
 
 def _with_timeout(stream: BufferedStream, timeout: float | None) -> BufferedStream:
@@ -301,7 +308,7 @@ async def connect(
     if zero_copy:
         _, protocol = await loop.create_connection(_ReceiveProtocol, host, port)
         return BufferedStream(protocol, timeout)
-    reader, writer = await asyncio.open_connection(host, port)
+    reader, writer = await asyncio.open_connection(host, port, limit=STREAM_LIMIT)
     sock = writer.get_extra_info("socket")
     if sock is not None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
