@@ -482,3 +482,18 @@ def test_tritonclient_json_request_to_kserve(kserve_server: KServePeer, kind: st
     arr = np.arange(6, dtype=np.int32).reshape(2, 3)
     result = triton_infer(kind, kserve_server, [triton_input("x", arr, "INT32", False)])
     assert arrays_equal(result.as_numpy("x"), arr)
+
+
+def test_non_ascii_names(kserve_server: KServePeer) -> None:
+    """KServe writes raw UTF-8 in a binary response's header and counts its bytes."""
+    arr = np.arange(3, dtype=np.uint32)
+    body, hl = httpclient.InferenceServerClient.generate_request_body(
+        [triton_input("entrée", arr, "UINT32", True)], request_id="identité"
+    )
+    reply = kserve_server.infer(body, request_headers(hl))
+    hl_out = binproto.header_length_from(reply.headers)
+    assert hl_out is not None
+    assert "entrée".encode() in reply.body[:hl_out]
+    msg = decode(reply)
+    assert msg.header.id == "identité"
+    assert arrays_equal(msg.tensors["entrée"], arr)
