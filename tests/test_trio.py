@@ -16,12 +16,13 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import pytest
 import trio
+import trio.testing
 import tritonclient.http as triton_http
 import tritonclient.http.aio as triton_aio
 from tritonclient.utils import InferenceServerException
@@ -29,6 +30,7 @@ from tritonclient.utils import InferenceServerException
 import binproto
 from binproto import HeaderParsed, MessageComplete, TensorChunk, TensorComplete
 from binproto.adapters import trio as bt
+from binproto.adapters._client import ClientCore
 from binproto.adapters._server import InferenceError, InferRequest, Model, V2Server, echo_model
 from binproto.adapters.h11 import HTTPError
 from tests.helpers import bytes_tensor, make_body
@@ -707,5 +709,100 @@ def test_example_sum_server() -> None:
                 with pytest.raises(HTTPError, match="BYTES"):
                     await c.infer("sum", {"s": np.array([b"x"], dtype=np.object_)})
             nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+# -- backpressure and other trio streams ----------------------------------------------
+
+
+class Counting:
+    """A ByteStream that counts the bytes it has received from ``inner``."""
+
+    received = 0  # shared by every instance: one connection per test
+
+    def __init__(self, inner: bt.TrioStream) -> None:
+        self.inner = inner
+
+    async def receive_some(self, max_bytes: int) -> bytes:
+        data = await self.inner.receive_some(max_bytes)
+        Counting.received += len(data)
+        return data
+
+    async def send_all(self, buffers: Sequence[Any]) -> None:
+        await self.inner.send_all(buffers)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class CountingInto(Counting):
+    """A Counting stream with ``receive_into`` (over a TrioSocketStream)."""
+
+    inner: bt.TrioSocketStream
+
+    async def receive_into(self, view: memoryview) -> int:
+        n = await self.inner.receive_into(view)
+        Counting.received += n
+        return n
+
+
+@pytest.mark.parametrize("zero_copy", [True, False], ids=["recv_into", "receive_some"])
+def test_the_server_reads_only_as_fast_as_the_handler_takes_events(zero_copy: bool) -> None:
+    x = np.arange(2 * MiB, dtype=np.float32)  # 8 MiB: far more than the socket buffers
+    ahead: list[int] = []
+
+    async def consume(request: InferRequest) -> Any:
+        start = Counting.received
+        async for event in request.body:
+            if type(event) is TensorChunk:
+                consumed = event.offset + len(event.data)
+                ahead.append(Counting.received - start - consumed)
+                await trio.sleep(0)  # a consumer slower than the socket
+        return {"n": np.array([len(ahead)], dtype=np.int64)}
+
+    server = V2Server(models=[Model("consume", consume)])
+
+    async def handler(stream: trio.SocketStream) -> None:
+        inner = bt.wrap(stream, zero_copy=zero_copy)
+        if isinstance(inner, bt.TrioSocketStream):
+            await server.serve_connection(CountingInto(inner))
+        else:
+            await server.serve_connection(Counting(inner))
+
+    async def main() -> None:
+        Counting.received = 0
+        async with trio.open_nursery() as nursery:
+            [listener] = await nursery.start(
+                functools.partial(trio.serve_tcp, handler, 0, host="127.0.0.1")
+            )
+            served = listener.socket.getsockname()[1]
+            async with bt.Client("127.0.0.1", served) as c:
+                got = await c.infer("consume", {"x": x})
+            nursery.cancel_scope.cancel()
+        assert int(got["n"][0]) == len(ahead) > 100
+
+    trio.run(main)
+    # Never more than one read (64 KiB) ahead of what the handler has taken.
+    assert max(ahead) <= 65536
+
+
+def test_any_trio_stream_in_memory() -> None:
+    x = np.arange(100_000, dtype=np.int16)
+    s = np.array([b"\xff", b"ok"], dtype=np.object_)
+
+    async def main() -> None:
+        client_side, server_side = trio.testing.lockstep_stream_pair()
+        assert type(bt.wrap(server_side)) is bt.TrioStream  # no socket: no recv_into
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(V2Server().serve_connection, bt.wrap(server_side))
+
+            async def open_stream() -> bt.TrioStream:
+                return bt.wrap(client_side)
+
+            async with ClientCore(open_stream, host="memory") as c:
+                got = await c.infer("echo", {"x": x, "s": s}, binary_data_output=True)
+                again = await c.infer("echo", {"x": x[:3]}, binary=False)
+            assert same(got["x"], x) and same(got["s"], s) and same(again["x"], x[:3])
 
     trio.run(main)
