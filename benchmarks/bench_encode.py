@@ -22,6 +22,7 @@ memory during the call above what was traced before it, the result included.
 
 from __future__ import annotations
 
+import sys
 import tracemalloc
 from collections.abc import Callable
 from typing import Any
@@ -61,9 +62,21 @@ def _triton_request(name: str, arr: np.ndarray[Any, Any], datatype: str) -> tupl
     return body, hl
 
 
-def _kserve_request(name: str, arr: np.ndarray[Any, Any], datatype: str) -> Any:
-    from kserve import InferInput, InferRequest
+def _import_kserve() -> Any:
+    """KServe's ``infer_type`` module; importing ``kserve`` parses ``sys.argv``
+    (its model server's flags), so it is imported with a bare argv."""
+    saved = sys.argv
+    sys.argv = saved[:1]
+    try:
+        from kserve.protocol import infer_type
+    finally:
+        sys.argv = saved
+    return infer_type
 
+
+def _kserve_request(name: str, arr: np.ndarray[Any, Any], datatype: str) -> Any:
+    infer_type = _import_kserve()
+    InferInput, InferRequest = infer_type.InferInput, infer_type.InferRequest
     inp = InferInput(name=name, shape=list(arr.shape), datatype=datatype)
     inp.set_data_from_numpy(arr, binary_data=True)
     return InferRequest(model_name="bench", infer_inputs=[inp], request_id="1").to_rest()
@@ -71,7 +84,10 @@ def _kserve_request(name: str, arr: np.ndarray[Any, Any], datatype: str) -> Any:
 
 def _available(module: str) -> bool:
     try:
-        __import__(module)
+        if module == "kserve":
+            _import_kserve()
+        else:
+            __import__(module)
     except ImportError:
         return False
     return True

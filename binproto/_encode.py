@@ -219,12 +219,14 @@ def _datatype(name: str, label: str) -> DataType:
     return dt
 
 
-def _wire_array(arr: np.ndarray[Any, Any], dt: DataType, label: str) -> np.ndarray[Any, Any]:
+def _wire_array(
+    arr: np.ndarray[Any, Any], dt: DataType, natural: DataType | None, label: str
+) -> np.ndarray[Any, Any]:
     """``arr`` as a C-contiguous little-endian array of ``dt``'s element size;
-    the same array when it already is one."""
+    the same array when it already is one. ``natural`` is the datatype of
+    ``arr``'s dtype."""
     src = arr.dtype
     target = dt.dtype
-    natural = datatype_for_dtype(src)
     if dt.name == "BF16" and (natural is None or natural.name != "BF16"):
         if src.kind not in "ui" or src.itemsize != 2:
             raise _fail(
@@ -268,7 +270,7 @@ def _prepare(name: Any, value: Any, datatype: str | None, params: Any, role: str
         else:
             if arr.dtype.kind in "OSU":
                 raise _fail(f"{label}: cannot send dtype {arr.dtype} as {dt.name}")
-            prep.array = _wire_array(arr, dt, label)
+            prep.array = _wire_array(arr, dt, natural, label)
         return prep
 
     if isinstance(value, (list, tuple)):
@@ -299,29 +301,30 @@ def _prepare(name: Any, value: Any, datatype: str | None, params: Any, role: str
 
 
 def _prepare_all(tensors: Any, role: str) -> list[_Prepared]:
+    # (name, data, datatype, parameters) of each tensor
+    items: list[tuple[Any, Any, str | None, Any]] = []
     if isinstance(tensors, Mapping):
-        items: list[Tensor] = []
         for key, value in tensors.items():
             if isinstance(value, Tensor):
                 if value.name != key:
                     raise _fail(f"{role} '{key}' is a Tensor named '{value.name}'")
-                items.append(value)
+                items.append((key, value.array, value.datatype, value.parameters))
             else:
-                items.append(Tensor(key, value))
+                items.append((key, value, None, None))
     elif isinstance(tensors, (str, bytes)) or not isinstance(tensors, Sequence):
         raise _fail(f"{role}s must be a mapping of name to data, or a sequence of Tensor")
     else:
-        items = list(tensors)
-        for t in items:
+        for t in tensors:
             if not isinstance(t, Tensor):
                 raise _fail(f"a sequence of {role}s must hold binproto.Tensor, got {t!r}")
+            items.append((t.name, t.array, t.datatype, t.parameters))
     prepared: list[_Prepared] = []
     seen: set[str] = set()
-    for t in items:
-        if t.name in seen:
-            raise _fail(f"duplicate {role} name '{t.name}'")
-        seen.add(t.name)
-        prepared.append(_prepare(t.name, t.array, t.datatype, t.parameters, role))
+    for name, data, datatype, params in items:
+        if name in seen:
+            raise _fail(f"duplicate {role} name '{name}'")
+        seen.add(name)
+        prepared.append(_prepare(name, data, datatype, params, role))
     return prepared
 
 
@@ -379,6 +382,10 @@ def _place(
     return objs, buffers
 
 
+# Built once: json.dumps with arguments builds an encoder on every call.
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
 def dumps_header(obj: Any) -> bytes:
     """Serialize a JSON header: compact UTF-8 JSON.
 
@@ -386,8 +393,7 @@ def dumps_header(obj: Any) -> bytes:
     float data, the tokens tritonclient emits and Triton and binproto accept.
     """
     try:
-        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-        return text.encode("utf-8")
+        return _JSON.encode(obj).encode("utf-8")
     except (TypeError, ValueError) as exc:  # unserializable value, circular object
         raise _fail(f"the header cannot be serialized as JSON: {exc}") from None
     except UnicodeEncodeError as exc:  # lone surrogates
@@ -472,7 +478,8 @@ def encode_request(
     Args:
         inputs: a mapping from input name to data, or a sequence of
             :class:`Tensor`. Data is a numpy array (datatype from its dtype;
-            object, ``bytes_`` and ``str_`` arrays are BYTES), a sequence of
+            object, ``bytes_`` and ``str_`` arrays are BYTES; a ``bytes_`` array's
+            elements lose trailing NUL bytes, as numpy stores them), a sequence of
             ``bytes``/``str`` (BYTES), a (nested) Python list of numbers or
             booleans (JSON data: INT64, FP64 or BOOL unless a :class:`Tensor`
             says otherwise), or a :class:`Tensor`.
