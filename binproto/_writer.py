@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ._bytes import BytesFramer
-from ._encode import check_parameters, dumps_header
+from ._encode import EncodedBody, check_parameters, dumps_header
 from ._errors import LocalProtocolError, RemoteProtocolError
 from ._header import InferenceHeader, Kind, build_header
 from ._http import message_headers
@@ -43,7 +43,10 @@ class BodyWriter:
 
     ``header`` describes the body: the JSON header object as a mapping (an
     ``$inference_request`` with ``inputs``, or an ``$inference_response`` with
-    ``outputs``), or that object already serialized (``bytes``). Each tensor
+    ``outputs``), that object already serialized (``bytes``), or an
+    :class:`EncodedBody` whose header is used (e.g. from :func:`encode_response`
+    on placeholder arrays of the final shapes, to apply a request's output
+    policy; its buffers are ignored). Each tensor
     sent binary declares ``"parameters": {"binary_data_size": N}``; tensors
     with ``data`` travel in the header. The header is validated as the parser
     would validate it (sizes against shapes and datatypes), so a body the
@@ -75,7 +78,11 @@ class BodyWriter:
         headers: the HTTP headers framing the body, as :func:`encode_request`'s.
     """
 
-    def __init__(self, header: Mapping[str, Any] | bytes, *, kind: Kind | None = None) -> None:
+    def __init__(
+        self, header: Mapping[str, Any] | bytes | EncodedBody, *, kind: Kind | None = None
+    ) -> None:
+        if isinstance(header, EncodedBody):
+            header = header.json
         if isinstance(header, Mapping):
             obj: Any = dict(header)
             raw = dumps_header(obj)
@@ -87,7 +94,8 @@ class BodyWriter:
                 raise LocalProtocolError(f"the header is not UTF-8 JSON: {exc}") from None
         else:
             raise LocalProtocolError(
-                f"header must be a mapping or JSON bytes, got {type(header).__name__}"
+                "header must be a mapping, JSON bytes or an EncodedBody,"
+                f" got {type(header).__name__}"
             )
         if kind is None:
             kind = "request" if isinstance(obj, dict) and "inputs" in obj else "response"

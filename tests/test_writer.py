@@ -52,10 +52,12 @@ def binary_pieces(body: binproto.EncodedBody, w: BodyWriter) -> list[tuple[int |
 
 
 @pytest.mark.parametrize("kind", ["request", "response"])
-@pytest.mark.parametrize("form", ["dict", "bytes"])
+@pytest.mark.parametrize("form", ["dict", "bytes", "encoded"])
 def test_streams_the_same_body_as_the_encoder(kind: str, form: str) -> None:
     body = encoded(kind)
-    w = BodyWriter(header_dict(kind) if form == "dict" else body.json)
+    headers: dict[str, Any] = {"dict": header_dict(kind), "bytes": body.json, "encoded": body}
+    header = headers[form]
+    w = BodyWriter(header)
     assert w.header.kind == kind
     assert (w.header_length, w.content_length, w.headers) == (
         body.header_length,
@@ -308,7 +310,7 @@ def test_misuse_raises_and_the_writer_stays_failed(steps: Steps, message: str) -
         ({"outputs": "x"}, "Unable to parse 'outputs'"),
         (b"\xff", "not UTF-8 JSON"),
         (b"{", "not UTF-8 JSON"),
-        (42, "must be a mapping or JSON bytes"),
+        (42, "must be a mapping, JSON bytes or an EncodedBody"),
         ({"outputs": [], "parameters": {"x": float("nan")}}, "JSON cannot carry"),
         (
             {
@@ -337,3 +339,21 @@ def test_explicit_kind() -> None:
     with pytest.raises(LocalProtocolError, match="invalid request header"):
         BodyWriter({"outputs": []}, kind="request")
     assert "BodyWriter(kind='response'" in repr(BodyWriter({"outputs": []}))
+
+
+def test_header_from_the_encoder_applies_the_request_policy() -> None:
+    """Stream outputs whose header encode_response chose from placeholder arrays."""
+    req = binproto.encode_request(
+        {"in": np.zeros(1, np.uint8)},
+        outputs=[binproto.RequestedOutput("big", binary_data=True), "small"],
+    )
+    request = binproto.decode_request(bytes(req), header_length=req.header_length).header
+    shapes = {"big": np.empty(1000, np.float32), "small": np.zeros(2, np.int8)}
+    skipped = {"other": np.zeros(3)}
+    w = BodyWriter(binproto.encode_response({**shapes, **skipped}, model_name="m", request=request))
+    assert [t.name for t in w.header.tensors] == ["big", "small"]
+    produced = np.arange(1000, dtype=np.float32)
+    body = stream(w, [("big", produced[:500]), ("big", produced[500:])])
+    msg = binproto.decode_response(body, header_length=w.header_length)
+    assert np.array_equal(msg.tensors["big"], produced)
+    assert msg.tensors["small"].tolist() == [0, 0]
