@@ -200,3 +200,26 @@ def test_listed_output_without_binary_data_follows_binary_data_output(
     msg = binproto.decode_response(payload, header_length=hl)
     assert msg.header.tensor("x").binary_size == 8
     assert arrays_equal(msg.tensors["x"], np.array([1, 2], dtype=np.int32))
+
+
+@pytest.mark.parametrize("content_type", [None, "application/octet-stream", "application/json"])
+def test_request_content_type_is_not_needed(
+    binproto_server: tuple[str, int], content_type: str | None
+) -> None:
+    """The header length, not the Content-Type, says what the body holds: tritonclient's
+    sync client sends no Content-Type and its aio client sends application/octet-stream
+    even for JSON-only bodies."""
+    arr = np.arange(4, dtype=np.int32)
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    for binary in (False, True):
+        body, hl = httpclient.InferenceServerClient.generate_request_body(
+            [triton_input("x", arr, "INT32", binary)]
+        )
+        extra = {} if hl is None else {"Inference-Header-Content-Length": str(hl)}
+        status, reply_headers, payload = raw_post(binproto_server[1], body, headers | extra)
+        assert status == 200, payload
+        out_hl = reply_headers.get("inference-header-content-length")
+        msg = binproto.decode_response(
+            payload, header_length=None if out_hl is None else int(out_hl)
+        )
+        assert arrays_equal(msg.tensors["x"], arr)
