@@ -89,14 +89,22 @@ def fixture(name: str) -> tuple[bytes, int]:
     return body, int(meta["headers"]["Inference-Header-Content-Length"])
 
 
-@pytest.mark.parametrize("name", ["tritonclient_extra_bytes", "bool_value_2"])
-def test_kserve_from_bytes_accepts_what_binproto_rejects(name: str) -> None:
-    """KServe ignores bytes past the last tensor and reads any non-zero BOOL as true."""
-    body, hl = fixture(name)
-    with pytest.raises(binproto.RemoteProtocolError):
+def test_kserve_from_bytes_ignores_bytes_past_the_end() -> None:
+    body, hl = fixture("tritonclient_extra_bytes")
+    with pytest.raises(binproto.RemoteProtocolError, match="additional input data"):
         binproto.decode_request(body, header_length=hl)
     request = infer_type.InferRequest.from_bytes(body, hl, "m")
-    assert request.inputs
+    assert [i.name for i in request.inputs] == ["s", "y"]
+    assert request.inputs[1].as_numpy().tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_kserve_from_bytes_takes_any_nonzero_bool_as_true() -> None:
+    body, hl = fixture("bool_value_2")
+    with pytest.raises(binproto.RemoteProtocolError, match="invalid BOOL value 2") as err:
+        binproto.decode_request(body, header_length=hl)
+    assert err.value.offset == hl + 1
+    request = infer_type.InferRequest.from_bytes(body, hl, "m")
+    assert request.inputs[0].as_numpy().tolist() == [True, True, False]
 
 
 @pytest.mark.parametrize("name", ["tritonclient_truncated", "wrong_binary_data_size"])
