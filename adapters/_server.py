@@ -549,7 +549,7 @@ class V2Server:
                 head: h11.Response
                 if isinstance(result, StreamingResponse):
                     await self._stream_response(stream, conn, result)
-                    return body.complete
+                    return body.complete and conn.our_state is h11.DONE
                 head = response_for(200, result)
                 pieces = [conn.send(head), *send_body(conn, result)]
             else:
@@ -635,10 +635,8 @@ class V2Server:
         self, stream: ByteStream, conn: h11.Connection, response: StreamingResponse
     ) -> None:
         writer = response.writer
-        headers = list(getattr(writer, "headers", ()))
-        await stream.send_all([conn.send(response_for(200, None, headers=headers))])
-        start = writer.start()
-        await stream.send_all([conn.send(h11.Data(data=start))])
+        head = conn.send(response_for(200, None, headers=writer.headers))
+        await stream.send_all([head, conn.send(h11.Data(data=writer.start()))])
         async for index, data in response.chunks:
             await stream.send_all(send_data(conn, writer.send(index, data)))
         writer.end()

@@ -12,7 +12,8 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Coroutine, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any
 
 import h11
@@ -25,7 +26,13 @@ from tritonclient.utils import InferenceServerException
 
 import binproto
 from binproto import HeaderParsed, MessageComplete, TensorChunk, TensorComplete, TensorInfo
-from binproto.adapters._server import InferRequest, Model, V2Server, echo_model
+from binproto.adapters._server import (
+    InferRequest,
+    Model,
+    StreamingResponse,
+    V2Server,
+    echo_model,
+)
 from binproto.adapters.asyncio import Client, start_server
 from binproto.adapters.h11 import HTTPError, request_for, send_message
 
@@ -72,6 +79,47 @@ async def _events(request: InferRequest) -> dict[str, Any]:
     return {k: np.array([v], dtype=np.int64) for k, v in counts.items()}
 
 
+async def _ramp(request: InferRequest) -> StreamingResponse:
+    """Stream ``n`` FP32 values 0..n-1 in pieces; ``fail_at`` breaks the stream there."""
+    tensors = await request.tensors()
+    n = int(tensors["n"][0])
+    fail_at = int(tensors["fail_at"][0]) if "fail_at" in tensors else -1
+    header = {
+        "model_name": "ramp",
+        "outputs": [
+            {
+                "name": "y",
+                "datatype": "FP32",
+                "shape": [n],
+                "parameters": {"binary_data_size": 4 * n},
+            }
+        ],
+    }
+
+    async def pieces() -> AsyncIterator[tuple[int, Any]]:
+        step = 100_000
+        for start in range(0, n, step):
+            if start == fail_at:
+                raise RuntimeError("the producer failed")
+            await asyncio.sleep(0)
+            yield 0, np.arange(start, min(n, start + step), dtype=np.float32)
+
+    return StreamingResponse(binproto.BodyWriter(header), pieces())
+
+
+class Gate:
+    """Holds the ``gate`` model's handler after the request header, until opened."""
+
+    event: asyncio.Event | None = None
+
+
+async def _gate(request: InferRequest) -> dict[str, Any]:
+    Gate.event = asyncio.Event()
+    await Gate.event.wait()
+    tensors = await request.tensors()
+    return {"n": np.array([tensors["x"].nbytes], dtype=np.int64)}
+
+
 class ServerThread:
     """The asyncio server running in a thread with its own event loop."""
 
@@ -90,7 +138,13 @@ class ServerThread:
 
     async def _main(self) -> None:
         app = V2Server(
-            [echo_model(), Model("into", _into), Model("events", _events, versions=("1", "2"))]
+            [
+                echo_model(),
+                Model("into", _into),
+                Model("events", _events, versions=("1", "2")),
+                Model("ramp", _ramp),
+                Model("gate", _gate),
+            ]
         )
         server = await start_server(app, "127.0.0.1", 0, zero_copy=self.zero_copy)
         self.port = server.sockets[0].getsockname()[1]
@@ -98,6 +152,10 @@ class ServerThread:
         self._ready.set()
         async with server:
             await self._stop.wait()
+
+    def call_soon(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` on the server's event loop."""
+        self._loop.call_soon_threadsafe(fn)
 
     def close(self) -> None:
         assert self._stop is not None
@@ -397,6 +455,24 @@ def test_client_receives_response_tensors_in_place(server: ServerThread) -> None
     np.testing.assert_array_equal(dest, x)
 
 
+def test_streaming_response(server: ServerThread) -> None:
+    n = 1_000_003
+
+    async def main() -> dict[str, np.ndarray[Any, Any]]:
+        async with Client("127.0.0.1", server.port) as c:
+            out = await c.infer("ramp", {"n": np.array([n])})
+            # A producer that fails mid-body: the server can only close.
+            with pytest.raises((binproto.RemoteProtocolError, ConnectionError)):
+                await c.infer("ramp", {"n": np.array([n]), "fail_at": np.array([300_000])})
+            # A new connection serves the next request.
+            again = await c.infer("ramp", {"n": np.array([5])})
+            np.testing.assert_array_equal(again["y"], np.arange(5, dtype=np.float32))
+            return out
+
+    out = run(main())
+    np.testing.assert_array_equal(out["y"], np.arange(n, dtype=np.float32))
+
+
 def test_zero_copy_receive_on_the_server(server: ServerThread) -> None:
     x = np.random.default_rng(0).standard_normal((1024, 1024)).astype(np.float32)
     out = run(_call(server.port, "into", {"x": x}))
@@ -425,8 +501,8 @@ def _request_bytes(inputs: dict[str, Any], target: str = "/v2/models/echo/infer"
     return b"".join(bytes(p) for p in send_message(conn, request_for(target, body), body))
 
 
-def _read_response(sock: socket.socket) -> tuple[int, bytes, bool]:
-    """Status, body, and whether the server then closed the connection."""
+def _read_response(sock: socket.socket, check_closed: bool = True) -> tuple[int, bytes, bool]:
+    """Status, body, and (when checked) whether the server then closed the connection."""
     conn = h11.Connection(h11.CLIENT)
     conn.send(h11.Request(method="GET", target="/", headers=[("Host", "x")]))
     conn.send(h11.EndOfMessage())
@@ -444,6 +520,8 @@ def _read_response(sock: socket.socket) -> tuple[int, bytes, bool]:
         elif type(event) is h11.EndOfMessage:
             break
     closed = False
+    if not check_closed:
+        return status, bytes(body), closed
     sock.settimeout(5)
     try:
         closed = sock.recv(1) == b""
@@ -529,7 +607,7 @@ def test_body_holds_more_than_the_header_declares(server: ServerThread) -> None:
     ).encode()
     with _connect(server.port) as sock:
         sock.sendall(head + extra)
-        status, data, _ = _read_response(sock)
+        status, data, _ = _read_response(sock, check_closed=False)
     assert status == 400
     assert "additional" in json.loads(data)["error"]
     assert_served(server.port)
@@ -557,11 +635,44 @@ def test_body_holds_more_than_the_header_declares(server: ServerThread) -> None:
 def test_bad_requests(server: ServerThread, raw: bytes, status: int, pattern: str | None) -> None:
     with _connect(server.port) as sock:
         sock.sendall(raw)
-        got, body, _ = _read_response(sock)
+        got, body, _ = _read_response(sock, check_closed=False)
     assert got == status
     if pattern is not None:
         assert re.search(pattern, json.loads(body)["error"])
     assert_served(server.port)
+
+
+def test_server_reads_only_as_fast_as_the_handler_consumes(server: ServerThread) -> None:
+    x = np.zeros(8 << 20, dtype=np.float32)  # 32 MiB
+    body = binproto.encode_request({"x": x})
+    conn = h11.Connection(h11.CLIENT)
+    head = conn.send(request_for("/v2/models/gate/infer", body))
+    assert head is not None
+    data = x.data.cast("B")
+    Gate.event = None
+    with _connect(server.port) as sock:
+        sock.sendall(head + body.json)
+        sock.setblocking(False)
+        sent = 0
+        idle_rounds = 0
+        # Push until the kernel refuses more for a while: the handler is not
+        # reading, so neither may the server.
+        while idle_rounds < 10 and sent < len(data):
+            try:
+                sent += sock.send(data[sent : sent + (1 << 20)])
+                idle_rounds = 0
+            except BlockingIOError:
+                idle_rounds += 1
+                time.sleep(0.05)
+        assert sent < len(data) // 2, sent  # socket buffers, not the whole body
+        while Gate.event is None:
+            time.sleep(0.01)
+        server.call_soon(Gate.event.set)
+        sock.setblocking(True)
+        sock.sendall(data[sent:])
+        status, payload, _ = _read_response(sock, check_closed=False)
+    assert status == 200
+    assert json.loads(payload)["outputs"][0]["data"] == [x.nbytes]
 
 
 # -- the reference server as a process, with a 256 MiB tensor ------------------------------
