@@ -7,7 +7,8 @@ import asyncio
 import gzip
 import itertools
 import json
-from collections.abc import Iterator, MutableMapping
+import socket
+from collections.abc import AsyncIterator, Iterator, MutableMapping
 from typing import Any
 
 import httpx
@@ -292,6 +293,72 @@ def test_large_buffer_is_sent_as_bounded_views() -> None:
     assert rec.body() == bytes(body)
 
 
+def stream_header(n: int) -> dict[str, Any]:
+    return {
+        "model_name": "m",
+        "outputs": [
+            {
+                "name": "a",
+                "datatype": "FP32",
+                "shape": [n],
+                "parameters": {"binary_data_size": 4 * n},
+            },
+            {"name": "j", "datatype": "INT32", "shape": [2], "data": [1, 2]},
+            {"name": "b", "datatype": "UINT8", "shape": [3], "parameters": {"binary_data_size": 3}},
+        ],
+    }
+
+
+def test_writer_response_streams_what_is_produced() -> None:
+    n = 1000
+    parts = [np.arange(i, i + 250, dtype=np.float32) for i in range(0, n, 250)]
+    tail = np.array([7, 8, 9], dtype=np.uint8)
+
+    async def produce() -> AsyncIterator[tuple[int | str, Any]]:
+        for part in parts:
+            yield 0, part
+        yield "b", tail
+
+    writer = binproto.BodyWriter(stream_header(n))
+    rec = Recorder()
+    asyncio.run(asgi.WriterResponse(writer, produce())({"type": "http"}, _no_receive, rec))
+    assert rec.headers["content-length"] == str(writer.content_length)
+    assert rec.headers["inference-header-content-length"] == str(writer.header_length)
+    for part, piece in zip(parts, rec.bodies[1:5], strict=True):
+        assert np.shares_memory(np.frombuffer(piece, dtype=np.uint8), part)
+    decoded = binproto.decode_response(rec.body(), header_length=writer.header_length)
+    assert decoded.tensors["a"].tolist() == np.arange(n, dtype=np.float32).tolist()
+    assert decoded.tensors["j"].tolist() == [1, 2]
+    assert decoded.tensors["b"].tolist() == [7, 8, 9]
+    assert rec.messages[-1]["more_body"] is False
+
+
+def test_writer_response_with_a_sync_iterable() -> None:
+    writer = binproto.BodyWriter(stream_header(2))
+    pieces = [(0, np.array([1.0, 2.0], dtype=np.float32)), (2, b"xyz")]
+    rec = Recorder()
+    asyncio.run(asgi.WriterResponse(writer, pieces)({"type": "http"}, _no_receive, rec))
+    decoded = binproto.decode_response(rec.body(), header_length=writer.header_length)
+    assert bytes(decoded.tensors["b"]) == b"xyz"
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        [(0, np.zeros(2, dtype=np.float32))],  # "b" never sent
+        [(0, np.zeros(3, dtype=np.float32))],  # more than "a" declared
+    ],
+)
+def test_writer_response_producer_faults(pieces: list[tuple[int, Any]]) -> None:
+    writer = binproto.BodyWriter(stream_header(2))
+    rec = Recorder()
+    with pytest.raises(binproto.LocalProtocolError):
+        asyncio.run(asgi.WriterResponse(writer, pieces)({"type": "http"}, _no_receive, rec))
+    # The body was cut short, never completed: the client cannot mistake it.
+    assert all(m.get("more_body", True) for m in rec.messages[1:])
+    assert len(rec.body()) < writer.content_length
+
+
 def test_error_response_uses_the_status_hint() -> None:
     rec = Recorder()
     err = binproto.RemoteProtocolError("too big", status_hint=413, offset=3)
@@ -424,6 +491,22 @@ def test_malformed_bodies_get_v2_errors(server: Server) -> None:
         assert r.status_code == 415
         # The server keeps serving.
         assert client.get("/v2/health/ready").status_code == 200
+
+
+def test_client_that_stops_mid_body(server: Server) -> None:
+    body = binproto.encode_request({"x": np.ones(1000, dtype=np.float32)})
+    data = bytes(body)
+    head = "POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n" + "".join(
+        f"{k}: {v}\r\n" for k, v in body.headers
+    )
+    port = int(server.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head.encode() + b"\r\n" + data[:100])
+        sock.shutdown(socket.SHUT_WR)
+        sock.recv(65536)  # the server closes (or answers); either way it must go on
+    with httpx.Client(base_url=server.url) as client:
+        r = client.post("/v2/models/echo/infer", content=data, headers=dict(body.headers))
+    assert r.status_code == 200
 
 
 def test_tritonclient_gzip_request(server: Server) -> None:
