@@ -82,7 +82,8 @@ class ByteStream(Protocol):
 
     A stream may also offer ``async receive_into(buf: memoryview) -> int``
     (bytes written into ``buf``, 0 at end of stream): then tensor bytes are
-    received in place.
+    received in place. A stream with a timeout raises :class:`TimeoutError`
+    when a wait for the peer's bytes times out (answered with 408).
     """
 
     async def receive_some(self, max_bytes: int) -> Any:
@@ -155,9 +156,17 @@ class BodyReader:
             self.failed = exc
             raise
 
+    async def _continue(self) -> None:
+        # A client that sent "Expect: 100-continue" waits for this before the body.
+        if self._conn.they_are_waiting_for_100_continue:
+            await self._stream.send_all(
+                [self._conn.send(h11.InformationalResponse(status_code=100, headers=[]))]
+            )
+
     async def _read(self, max_bytes: int) -> Any:
         if self.done:
             return b""
+        await self._continue()
         if self.direct:
             return await self._read_direct(max_bytes)
         conn = self._conn
@@ -210,6 +219,7 @@ class BodyReader:
         assert self.in_place and self._receive_into is not None and self._remaining is not None
         if self.failed is not None:
             raise self.failed
+        await self._continue()
         n: int = await self._receive_into(view[: self._remaining])
         if not n:
             self.failed = self._closed()
@@ -559,6 +569,9 @@ class V2Server:
                 pieces.append(conn.send(h11.EndOfMessage()))
         except (ProtocolError, InferenceError) as exc:
             return await self._error(stream, conn, exc, body)
+        except TimeoutError:
+            message = "timed out waiting for the request"
+            return await self._error(stream, conn, InferenceError(message, 408), body)
         except Exception as exc:  # a handler failed: the server's fault
             log.exception("error while serving %s", target)
             return await self._error(

@@ -265,7 +265,6 @@ async def start_server(
         task.add_done_callback(tasks.discard)
 
     if zero_copy:
-        app.zero_copy = True
         loop = asyncio.get_running_loop()
         return await loop.create_server(
             lambda: _ReceiveProtocol(lambda s: spawn(_with_timeout(s, timeout))),

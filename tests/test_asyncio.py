@@ -675,6 +675,42 @@ def test_server_reads_only_as_fast_as_the_handler_consumes(server: ServerThread)
     assert json.loads(payload)["outputs"][0]["data"] == [x.nbytes]
 
 
+def test_expect_100_continue(server: ServerThread) -> None:
+    x = np.arange(100, dtype=np.float64)
+    body = binproto.encode_request({"x": x}, binary_data_output=True)
+    conn = h11.Connection(h11.CLIENT)
+    head = conn.send(
+        request_for("/v2/models/echo/infer", body, headers=[("Expect", "100-continue")])
+    )
+    assert head is not None
+    with _connect(server.port) as sock:
+        sock.sendall(head)
+        interim = sock.recv(65536)  # sent before any body byte
+        assert interim.startswith(b"HTTP/1.1 100 ")
+        sock.sendall(bytes(body))
+        status, payload, _ = _read_response(sock, check_closed=False)
+    assert status == 200
+    assert payload.endswith(x.tobytes())
+
+
+def test_server_timeout_closes_a_stalled_peer() -> None:
+    async def main() -> bytes:
+        srv = await start_server(port=0, timeout=0.2)
+        port = srv.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        wire = _request_bytes({"x": np.zeros(1000, dtype=np.float32)})
+        writer.write(wire[:-100])
+        received = await asyncio.wait_for(reader.read(), 10)  # until the server closes
+        writer.close()
+        srv.close()
+        await srv.wait_closed()
+        return received
+
+    received = run(main())
+    assert received.startswith(b"HTTP/1.1 408 ")  # and then the server closed
+    assert b"timed out" in received
+
+
 # -- the reference server as a process, with a 256 MiB tensor ------------------------------
 
 
