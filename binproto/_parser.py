@@ -438,8 +438,10 @@ class Parser:
                 status_hint=413,
                 offset=0,
             )
+        info = header.tensors[0]
+        strict = info.datatype == "BOOL" and self.strict_bool
         self._tensors = header.tensors
-        self._checks = [None]
+        self._checks = [_bool_checker(f"input '{info.name}'", 0) if strict else None]
         self._framers = [None]
         self._raw_prefix = prefix
         self._body_total = size
