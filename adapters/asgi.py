@@ -46,7 +46,6 @@ from binproto import (
     DecodedMessage,
     Event,
     Limits,
-    MessageComplete,
     Parser,
     ParserState,
     ProtocolError,
@@ -121,28 +120,18 @@ def parser_from_scope(
 ) -> Parser:
     """A request :class:`binproto.Parser` configured from an ASGI HTTP scope.
 
-    ``Inference-Header-Content-Length``, ``Content-Length`` and (when the core
-    supports it) ``Content-Encoding`` come from ``scope["headers"]``. Raises
+    ``Inference-Header-Content-Length``, ``Content-Length`` and
+    ``Content-Encoding`` (gzip and deflate are decoded by binproto) come from
+    ``scope["headers"]``. Raises
     :class:`binproto.RemoteProtocolError` for bad values of those headers (a
     content encoding binproto cannot decode has status hint 415).
     """
     headers = _scope_headers(scope)
     content_length = _content_length(headers)
-    options: dict[str, Any] = {}
-    encoding_from = getattr(binproto, "content_encoding_from", None)
-    if encoding_from is not None:
-        encoding = encoding_from(headers)
-        if encoding is not None:
-            options["content_encoding"] = encoding
-    else:
-        encoding = header_value(headers, "content-encoding")
-        if encoding not in (None, "", "identity"):
-            raise RemoteProtocolError(
-                f"unsupported Content-Encoding: {encoding!r}", status_hint=415
-            )
+    encoding = binproto.content_encoding_from(headers)
     # With a content encoding, Content-Length counts the compressed bytes, not
     # the body the parser sees.
-    body_length = None if options else content_length
+    body_length = None if encoding is not None else content_length
     header_length = binproto.header_length_from(headers, content_length=body_length)
     return Parser(
         "request",
@@ -150,7 +139,7 @@ def parser_from_scope(
         content_length=body_length,
         limits=limits,
         strict_bool=strict_bool,
-        **options,
+        content_encoding=encoding,
     )
 
 
@@ -230,8 +219,6 @@ async def read_request(
     assembler = TensorAssembler(destinations)
     async for event in iter_events(scope, source, limits=limits, strict_bool=strict_bool):
         assembler.feed(event)
-        if type(event) is MessageComplete:
-            break
     assert assembler.header is not None
     return DecodedMessage(
         header=assembler.header,

@@ -38,13 +38,12 @@ from binproto import (
     DecodedMessage,
     Event,
     Limits,
-    MessageComplete,
     Parser,
     ParserState,
-    RemoteProtocolError,
     TensorAssembler,
 )
 from binproto._assemble import Destinations
+from binproto._compression import ENCODINGS
 from binproto._http import header_value
 from binproto._parser import as_byte_view
 from binproto.adapters.h11 import HTTPError, error_message
@@ -53,6 +52,7 @@ if TYPE_CHECKING:
     from binproto import EncodedBody
 
 __all__ = [
+    "ACCEPT_ENCODING",
     "CHUNK_SIZE",
     "HTTPError",
     "ainfer",
@@ -73,15 +73,11 @@ __all__ = [
 #: The largest view of a request buffer handed to httpx at once.
 CHUNK_SIZE = 1 << 20
 
+#: The content codings binproto's parser decodes, sent as ``Accept-Encoding``.
+ACCEPT_ENCODING = ", ".join(ENCODINGS)
+
 #: Most bytes of an error response body read into memory.
 MAX_ERROR_BODY = 1 << 20
-
-
-def _accept_encoding() -> str:
-    """The encodings binproto's parser can decode, for ``Accept-Encoding``."""
-    if getattr(binproto, "content_encoding_from", None) is None:
-        return "identity"
-    return "gzip, deflate"
 
 
 def infer_path(model_name: str, model_version: str | None = None) -> str:
@@ -125,7 +121,7 @@ def _acontent(pieces: AsyncIterator[memoryview]) -> AsyncIterable[bytes]:
 def request_headers(body: EncodedBody, headers: Mapping[str, str] | None = None) -> dict[str, str]:
     """The HTTP headers for sending ``body``: its framing, ``Accept-Encoding``, then ``headers``."""
     out = {str(k): str(v) for k, v in body.headers}
-    out["Accept-Encoding"] = _accept_encoding()
+    out["Accept-Encoding"] = ACCEPT_ENCODING
     if headers:
         out.update(headers)
     return out
@@ -137,25 +133,15 @@ def parser_for_response(
     """A response :class:`binproto.Parser` configured from the response headers.
 
     ``Inference-Header-Content-Length``, ``Content-Length`` and
-    ``Content-Encoding`` (decoded by binproto, when the core supports it) come
-    from the response; bad values raise :class:`binproto.RemoteProtocolError`.
+    ``Content-Encoding`` (gzip and deflate, decoded by binproto) come from the
+    response; bad values raise :class:`binproto.RemoteProtocolError`.
     """
     headers = list(response.headers.raw)
     text = header_value(headers, "content-length")
     content_length = int(text) if text is not None and text.isdigit() else None
-    options: dict[str, Any] = {}
-    encoding_from = getattr(binproto, "content_encoding_from", None)
-    if encoding_from is not None:
-        encoding = encoding_from(headers)
-        if encoding is not None:
-            options["content_encoding"] = encoding
-    else:
-        encoding = header_value(headers, "content-encoding")
-        if encoding not in (None, "", "identity"):
-            raise RemoteProtocolError(
-                f"unsupported Content-Encoding: {encoding!r}", status_hint=415
-            )
-    body_length = None if options else content_length
+    encoding = binproto.content_encoding_from(headers)
+    # With a content encoding, Content-Length counts the compressed bytes.
+    body_length = None if encoding is not None else content_length
     header_length = binproto.header_length_from(headers, content_length=body_length)
     return Parser(
         "response",
@@ -163,7 +149,7 @@ def parser_for_response(
         content_length=body_length,
         limits=limits,
         strict_bool=strict_bool,
-        **options,
+        content_encoding=encoding,
     )
 
 
@@ -265,8 +251,6 @@ def read_response(
     assembler = TensorAssembler(destinations)
     for event in iter_events(response, limits=limits, strict_bool=strict_bool):
         assembler.feed(event)
-        if type(event) is MessageComplete:
-            break
     return _message(assembler)
 
 
@@ -281,8 +265,6 @@ async def aread_response(
     assembler = TensorAssembler(destinations)
     async for event in aiter_events(response, limits=limits, strict_bool=strict_bool):
         assembler.feed(event)
-        if type(event) is MessageComplete:
-            break
     return _message(assembler)
 
 
