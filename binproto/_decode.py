@@ -52,7 +52,8 @@ def decode(
         content_encoding=content_encoding,
         raw_input=raw_input,
     )
-    parser.receive_data(view)
+    if len(view):  # an empty chunk would already mean the end
+        parser.receive_data(view)
     parser.receive_data(b"")
     if parser.content_encoding is not None:
         return _decode_compressed(parser)
