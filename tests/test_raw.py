@@ -247,4 +247,4 @@ def test_tensor_spec_is_an_immutable_value() -> None:
     assert repr(a) == "TensorSpec('x', 'FP32', [-1, 3], batched=True)"
     assert a.request_shape == (1, 3)
     with pytest.raises(AttributeError):
-        a.name = "y"  # type: ignore[misc]
+        a.name = "y"
