@@ -227,40 +227,25 @@ def split_bytes(buf: Any, count: int) -> np.ndarray[Any, np.dtype[np.object_]]:
     return arr
 
 
-# Below this mean element length, placing every byte with a numpy mask beats
-# joining twice as many Python objects; above it, one join copies less.
-_MASK_BELOW = 64
-
-
 def join_bytes(elements: list[bytes]) -> np.ndarray[Any, np.dtype[np.uint8]]:
     """The BYTES wire form of ``elements``: each one prefixed by its uint32
-    little-endian length, back to back, as a flat ``uint8`` array.
+    little-endian length, back to back, as a flat writable ``uint8`` array.
 
-    The inverse of :func:`split_bytes`. No per-element Python loop: lengths
-    come from ``map(len, ...)``, prefixes from one numpy array, and the bytes
-    are placed either through a boolean mask (short elements) or by one
-    ``bytes.join`` of interleaved prefixes and elements (long ones).
+    The inverse of :func:`split_bytes`. No per-element Python loop: one join
+    lays the elements out with a 4-byte gap before each (the wire form with
+    blank prefixes, one copy of the data), then numpy writes every prefix at
+    once from the array of lengths.
     """
     n = len(elements)
     lengths = np.fromiter(map(len, elements), dtype=np.int64, count=n)
-    if n and int(lengths.max()) > 0xFFFFFFFF:
+    if not n:
+        return np.empty(0, dtype=np.uint8)
+    if int(lengths.max()) > 0xFFFFFFFF:
         raise LocalProtocolError("a BYTES element is longer than 2**32 - 1 bytes")
-    prefixes = lengths.astype("<u4")
-    data = b"".join(elements)
-    if len(data) >= _MASK_BELOW * n:
-        pieces: list[bytes] = [b""] * (2 * n)
-        pieces[0::2] = prefixes.view("V4").tolist()  # 4-byte ``bytes`` each
-        pieces[1::2] = elements
-        return np.frombuffer(b"".join(pieces), dtype=np.uint8)
-    # One mask over the output marks prefix bytes: 4 True then len(e) False.
-    counts = np.empty(2 * n, dtype=np.int64)
-    counts[0::2] = 4
-    counts[1::2] = lengths
-    is_prefix = np.zeros(2 * n, dtype=np.bool_)
-    is_prefix[0::2] = True
-    mask = np.repeat(is_prefix, counts)
-    out = np.empty(len(data) + 4 * n, dtype=np.uint8)
-    out[mask] = prefixes.view(np.uint8)
-    np.logical_not(mask, out=mask)
-    out[mask] = np.frombuffer(data, dtype=np.uint8)
+    out = np.frombuffer(bytearray(4).join([b"", *elements]), dtype=np.uint8)
+    sizes = lengths + 4
+    starts = np.cumsum(sizes) - sizes
+    prefixes = lengths.astype("<u4").view(np.uint8).reshape(n, 4)
+    for k in range(4):  # byte k of every prefix
+        out[starts + k] = prefixes[:, k]
     return out

@@ -599,7 +599,7 @@ def test_join_bytes_is_the_wire_form(elements: list[bytes]) -> None:
     assert binproto.split_bytes(joined, len(elements)).tolist() == elements
 
 
-@pytest.mark.parametrize("length", [0, 1, 63, 64, 65, 1000])
+@pytest.mark.parametrize("length", [0, 1, 7, 64, 1000])
 def test_join_bytes_matches_tritonclient(length: int) -> None:
     utils = pytest.importorskip("tritonclient.utils")
     arr = np.empty(50, dtype=object)
