@@ -34,6 +34,7 @@ from binproto import (
     HeaderParsed,
     InferenceHeader,
     Limits,
+    LocalProtocolError,
     MessageComplete,
     Parser,
     ProtocolError,
@@ -250,6 +251,7 @@ class MessageBody:
         self.header: InferenceHeader | None = None
         self._header_event: HeaderParsed | None = None
         self._fed = 0  # body bytes given to the parser
+        self._tensor_events = False  # next_event() has returned tensor events
         #: The assembler :meth:`tensors` used (its counters tell what was copied).
         self.assembler: TensorAssembler | None = None
 
@@ -269,6 +271,8 @@ class MessageBody:
                     self._header_event = event
                 elif type(event) is MessageComplete:
                     await self._reader.finish()
+                else:
+                    self._tensor_events = True
                 return event
             data = await self._reader.read()
             if data is not None:
@@ -299,7 +303,10 @@ class MessageBody:
         ``destinations`` is as for :class:`binproto.TensorAssembler`. When the
         stream allows it, tensor bytes are received straight into the tensors'
         memory, with no copy (``assembler.bytes_in_place`` counts them).
+        Call it before taking any tensor event with :meth:`next_event`.
         """
+        if self._tensor_events:
+            raise LocalProtocolError("tensors() needs every tensor event; some were taken")
         asm = TensorAssembler(destinations)
         self.assembler = asm
         if self._header_event is not None:

@@ -35,6 +35,7 @@ import h11
 
 import binproto
 from binproto import Event, Limits, Parser, ParserState, ProtocolError, RemoteProtocolError
+from binproto._header import Kind
 from binproto._http import header_value
 from binproto._parser import as_byte_view
 
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HTTPError",
-    "Kind",
     "content_length_of",
     "error_response",
     "feed",
@@ -57,7 +57,6 @@ __all__ = [
     "send_message",
 ]
 
-Kind = str  # "request" or "response"
 
 #: The largest piece of a tensor buffer handed to a writer at once. Writers that
 #: keep what the kernel did not take (asyncio on Python < 3.12 copies it) then
@@ -97,35 +96,26 @@ def parser_for(
     """A :class:`binproto.Parser` for the body of ``event``.
 
     A request gets a request parser, a response a response parser. The
-    ``Inference-Header-Content-Length``, ``Content-Length`` and (when the core
-    supports it) ``Content-Encoding`` headers configure it. Raises
-    :class:`binproto.RemoteProtocolError` for bad values of those headers.
+    ``Inference-Header-Content-Length``, ``Content-Length`` and
+    ``Content-Encoding`` headers configure it. Raises
+    :class:`binproto.RemoteProtocolError` for bad values of those headers
+    (status hint 415 for an unsupported content coding).
     """
-    kind = "request" if isinstance(event, h11.Request) else "response"
+    kind: Kind = "request" if isinstance(event, h11.Request) else "response"
     headers = _headers(event)
     content_length = content_length_of(event)
-    options: dict[str, Any] = {}
-    encoding_from = getattr(binproto, "content_encoding_from", None)
-    if encoding_from is not None:
-        encoding = encoding_from(headers)
-        if encoding is not None:
-            options["content_encoding"] = encoding
-    elif header_value(headers, "content-encoding") not in (None, "identity"):
-        raise RemoteProtocolError(
-            f"unsupported Content-Encoding: {header_value(headers, 'content-encoding')!r}",
-            status_hint=415,
-        )
+    encoding = binproto.content_encoding_from(headers)
     # With a content encoding, Content-Length counts compressed bytes: it
     # bounds the input, not the header length.
-    body_length = content_length if not options else None
+    body_length = content_length if encoding is None else None
     header_length = binproto.header_length_from(headers, content_length=body_length)
     return Parser(
-        kind,  # type: ignore[arg-type]
+        kind,
         header_length=header_length,
         content_length=content_length,
         limits=limits,
         strict_bool=strict_bool,
-        **options,
+        content_encoding=encoding,
     )
 
 

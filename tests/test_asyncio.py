@@ -120,6 +120,13 @@ async def _gate(request: InferRequest) -> dict[str, Any]:
     return {"n": np.array([tensors["x"].nbytes], dtype=np.int64)}
 
 
+async def _misuse(request: InferRequest) -> dict[str, Any]:
+    """Take a tensor event, then ask for assembled tensors: API misuse."""
+    while type(await request.body.next_event()) is not TensorChunk:
+        pass
+    return await request.tensors()
+
+
 class ServerThread:
     """The asyncio server running in a thread with its own event loop."""
 
@@ -144,6 +151,7 @@ class ServerThread:
                 Model("events", _events, versions=("1", "2")),
                 Model("ramp", _ramp),
                 Model("gate", _gate),
+                Model("misuse", _misuse),
             ]
         )
         server = await start_server(app, "127.0.0.1", 0, zero_copy=self.zero_copy)
@@ -415,6 +423,14 @@ def test_client_round_trip(server: ServerThread) -> None:
             np.testing.assert_array_equal(out["x"], np.ones(3))
 
     run(main())
+
+
+def test_handler_misuse_is_a_500_and_the_server_goes_on(server: ServerThread) -> None:
+    with pytest.raises(HTTPError) as info:
+        run(_call(server.port, "misuse", {"x": np.zeros(10)}))
+    assert info.value.status == 500
+    assert "tensors() needs every tensor event" in info.value.message
+    assert_served(server.port)
 
 
 def test_client_streams_response_events(server: ServerThread) -> None:
