@@ -115,7 +115,7 @@ def stream_rows(nbytes: int, repeats: int) -> list[Row]:
         {"empty": empty_loop, "events": events_loop, "next_event": next_event_loop}, repeats
     )
     rows = []
-    work = f"stream {size_label} FP32, 64 KiB chunks: parser only"
+    work = f"stream {size_label} FP32 in 64 KiB chunks: parser only"
     for impl, key in (
         ("binproto Parser, events() loop", "events"),
         ("binproto Parser, next_event() loop", "next_event"),
@@ -160,7 +160,7 @@ def stream_rows(nbytes: int, repeats: int) -> list[Row]:
 
     times = interleave({"bare": bare_copy, "asm": assemble}, repeats)
     assert float(dest[0]) == 0.0 and float(dest[1]) == 1.5
-    work = f"stream {size_label} FP32, 64 KiB chunks: parse + copy into a preallocated array"
+    work = f"stream {size_label} FP32 in 64 KiB chunks: parse + copy, preallocated"
     overhead = [(a - b) / nchunks for a, b in zip(times["asm"], times["bare"], strict=True)]
     over_us = median(overhead) * 1e6
     rows.append(
@@ -208,7 +208,7 @@ def stream_rows(nbytes: int, repeats: int) -> list[Row]:
         fresh["asm"] = asm.tensors["output0"]
 
     times = interleave({"bare": bare_fresh, "asm": assemble_fresh}, repeats, setup=fresh.clear)
-    work = f"stream {size_label} FP32, 64 KiB chunks: parse + copy into new memory"
+    work = f"stream {size_label} FP32 in 64 KiB chunks: parse + copy, new memory"
     rows.append(row(work, "bare copy loop into np.empty", times["bare"], nbytes=nbytes))
     rows.append(
         row(

@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 import traceback
@@ -360,6 +361,10 @@ def text_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _label(r: dict[str, Any]) -> str:
+    return textwrap.shorten(str(r["workload"]), 60) + "\n" + textwrap.shorten(str(r["impl"]), 60)
+
+
 def draw_chart(rows: list[dict[str, Any]], machine: dict[str, Any], path: Path) -> str | None:
     """Draw the ratios and throughputs; return why not when matplotlib is missing."""
     try:
@@ -375,11 +380,11 @@ def draw_chart(rows: list[dict[str, Any]], machine: dict[str, Any], path: Path) 
     fig, axes = plt.subplots(
         2,
         1,
-        figsize=(11, max(height, 4)),
+        figsize=(12, max(height, 4)),
         gridspec_kw={"height_ratios": [max(len(ratio_rows), 1), max(len(gbps_rows), 1)]},
     )
     ax = axes[0]
-    labels = [f"{r['workload']}\n{r['impl']}" for r in ratio_rows]
+    labels = [_label(r) for r in ratio_rows]
     values = [max(r["ratio"], 1e-3) for r in ratio_rows]
     colors = [
         "#999999" if r.get("met") is None else ("#2e7d32" if r["met"] else "#c62828")
@@ -406,7 +411,7 @@ def draw_chart(rows: list[dict[str, Any]], machine: dict[str, Any], path: Path) 
         fontsize=8,
     )
     ax = axes[1]
-    labels = [f"{r['workload']}\n{r['impl']}" for r in gbps_rows]
+    labels = [_label(r) for r in gbps_rows]
     y = list(range(len(gbps_rows)))
     ax.barh(y, [r["gbps"] for r in gbps_rows], color="#1565c0")
     ax.set_yticks(y, labels, fontsize=6)

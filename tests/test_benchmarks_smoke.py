@@ -23,8 +23,8 @@ EXPECTED = {
     "raw": ["memcpy", "loopback TCP"],
     "parser": [
         "parser only",
-        "copy into a preallocated array",
-        "copy into new memory",
+        "copy, preallocated",
+        "copy, new memory",
         "decode whole body",
         "decode BYTES tensor",
         "decode 64 FP32 tensors",
