@@ -18,14 +18,17 @@ Models are plain functions from the request's tensors to output tensors. The
 built-in ``echo`` model returns each input as the output of the same name (only
 the outputs the request lists, when it lists any); the response follows the
 request's output policy (``binary_data_output`` and each output's
-``binary_data``). Errors are V2 error bodies ``{"error": "..."}``.
+``binary_data``). The ``ramp`` model shows a streaming response: given ``n`` it
+produces ``0 .. n-1`` as FP32 a piece at a time through a
+:class:`binproto.BodyWriter`, never holding the whole output. Errors are V2
+error bodies ``{"error": "..."}``.
 """
 
 from __future__ import annotations
 
 import argparse
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -33,7 +36,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 import binproto
-from binproto.adapters.asgi import EncodedResponse, error_response, read_request
+from binproto.adapters.asgi import EncodedResponse, WriterResponse, error_response, read_request
 
 Tensors = dict[str, np.ndarray[Any, Any]]
 #: A model: its name, the request header and the input tensors in; output
@@ -56,9 +59,48 @@ def echo(model: str, header: binproto.InferenceHeader, inputs: Tensors) -> Mappi
     return outputs
 
 
+#: The most elements the ramp model produces (1 GiB of FP32).
+MAX_RAMP = 1 << 28
+
+
+def ramp(model: str, header: binproto.InferenceHeader, inputs: Tensors) -> WriterResponse:
+    """A streaming model: input ``n`` (one integer) gives output ``ramp``, the FP32
+    values 0 .. n-1, produced and sent a piece at a time (always binary)."""
+    n_in = inputs.get("n")
+    if n_in is None or n_in.size != 1 or n_in.dtype.kind not in "iu":
+        raise binproto.RemoteProtocolError(f"model '{model}' takes one integer input 'n'")
+    n = int(n_in.reshape(-1)[0])
+    if not 0 <= n <= MAX_RAMP:
+        raise binproto.RemoteProtocolError(f"'n' must be in [0, {MAX_RAMP}], got {n}")
+    output = {
+        "name": "ramp",
+        "datatype": "FP32",
+        "shape": [n],
+        "parameters": {"binary_data_size": 4 * n},
+    }
+    response: dict[str, Any] = {"model_name": model, "outputs": [output]}
+    if header.id is not None:
+        response["id"] = header.id
+    step = 1 << 18  # elements per piece: 1 MiB
+
+    def pieces() -> Iterator[tuple[int, np.ndarray[Any, Any]]]:
+        for start in range(0, n, step):
+            yield 0, np.arange(start, min(n, start + step), dtype=np.float32)
+
+    return WriterResponse(binproto.BodyWriter(response), pieces())
+
+
 MODELS: dict[str, Model] = {"echo": echo}
+#: Models that answer with a response they stream themselves.
+STREAMING_MODELS: dict[str, Callable[[str, binproto.InferenceHeader, Tensors], Response]] = {
+    "ramp": ramp
+}
 
 app = FastAPI(title="binproto example server")
+
+
+def _known(name: str) -> bool:
+    return name in MODELS or name in STREAMING_MODELS
 
 
 def _unknown_model(name: str) -> Response:
@@ -91,14 +133,14 @@ async def ready() -> Response:
 @app.get("/v2/models/{name}/versions/{version}/ready")
 async def model_ready(name: str, version: str | None = None) -> Response:
     """Model readiness: 200 for a known model, else 404."""
-    return Response(status_code=200) if name in MODELS else _unknown_model(name)
+    return Response(status_code=200) if _known(name) else _unknown_model(name)
 
 
 @app.get("/v2/models/{name}")
 @app.get("/v2/models/{name}/versions/{version}")
 async def model_metadata(name: str, version: str | None = None) -> Response:
     """Model metadata (the echo model takes any tensors: no fixed inputs)."""
-    if name not in MODELS:
+    if not _known(name):
         return _unknown_model(name)
     return JSONResponse(
         {"name": name, "versions": ["1"], "platform": "python", "inputs": [], "outputs": []}
@@ -109,8 +151,7 @@ async def model_metadata(name: str, version: str | None = None) -> Response:
 @app.post("/v2/models/{name}/versions/{version}/infer")
 async def infer(name: str, request: Request, version: str | None = None) -> Response:
     """Run model ``name`` on the request's tensors; answer with the output policy applied."""
-    model = MODELS.get(name)
-    if model is None:
+    if not _known(name):
         return _unknown_model(name)
     try:
         decoded = await read_request(request.scope, request.stream())
@@ -118,7 +159,10 @@ async def infer(name: str, request: Request, version: str | None = None) -> Resp
             raise binproto.RemoteProtocolError(
                 f"shared memory inputs are not supported: {list(decoded.shared_memory)}"
             )
-        outputs = model(name, decoded.header, decoded.tensors)
+        streaming = STREAMING_MODELS.get(name)
+        if streaming is not None:
+            return streaming(name, decoded.header, decoded.tensors)
+        outputs = MODELS[name](name, decoded.header, decoded.tensors)
         body = binproto.encode_response(
             outputs,
             model_name=name,

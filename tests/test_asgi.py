@@ -507,6 +507,20 @@ def test_client_that_stops_mid_body(server: Server) -> None:
     assert r.status_code == 200
 
 
+@pytest.mark.parametrize("n", [0, 1, 300_000])
+def test_tritonclient_streaming_model(server: Server, n: int) -> None:
+    client = triton_http.InferenceServerClient(host(server))
+    inp = triton_http.InferInput("n", [1], "INT64")
+    inp.set_data_from_numpy(np.array([n], dtype=np.int64))
+    result = client.infer("ramp", [inp], request_id="s")
+    assert arrays_equal(result.as_numpy("ramp"), np.arange(n, dtype=np.float32))
+    assert result.get_response()["id"] == "s"
+    inp.set_data_from_numpy(np.array([-1], dtype=np.int64))
+    with pytest.raises(InferenceServerException, match="must be in"):
+        client.infer("ramp", [inp])
+    client.close()
+
+
 def test_tritonclient_gzip_request(server: Server) -> None:
     client = triton_http.InferenceServerClient(host(server))
     arr = np.arange(1000, dtype=np.float32)

@@ -171,6 +171,21 @@ def test_astream_infer_events(server: Server) -> None:
     assert data == arr.tobytes()
 
 
+def test_streamed_response_from_a_body_writer(server: Server) -> None:
+    n = 3_000_000  # 12 MB, produced by the server a MiB at a time
+    with httpx.Client(base_url=server.url) as client:
+        with bphttpx.stream_infer(client, "ramp", {"n": np.array([n])}) as stream:
+            got = np.empty(n, dtype=np.float32)
+            view = got.view(np.uint8)
+            chunks = 0
+            for ev in stream:
+                if type(ev) is binproto.TensorChunk:
+                    view[ev.offset : ev.offset + len(ev.data)] = np.frombuffer(ev.data, np.uint8)
+                    chunks += 1
+    assert chunks > 1
+    assert np.array_equal(got, np.arange(n, dtype=np.float32))
+
+
 def test_server_errors_raise_http_error(server: Server) -> None:
     x = {"x": np.ones(2, dtype=np.float32)}
     with httpx.Client(base_url=server.url) as client:
