@@ -44,6 +44,7 @@ from binproto import (
 from binproto._assemble import Destinations
 
 from .h11 import (
+    content_length_of,
     error_response,
     header_rest,
     json_response,
@@ -76,6 +77,8 @@ log = logging.getLogger("binproto.server")
 CHUNK = 1 << 16
 #: Largest request head (request line and headers) the server accepts.
 MAX_HEAD = 64 * 1024
+#: Most body bytes read and dropped after an error, so the client sees the answer.
+DISCARD_LIMIT = 256 * 1024 * 1024
 
 
 class ByteStream(Protocol):
@@ -557,12 +560,12 @@ class V2Server:
         """Answer one request; True when the connection may serve another."""
         target = req.target.decode("latin-1")
         r = route(req.method.decode("latin-1"), target)
-        body: MessageBody | None = None
+        reader = BodyReader(stream, conn, content_length_of(req), receive_in_place=self.zero_copy)
         try:
             if r.kind != "not_found" and req.method.decode("latin-1") != r.method:
                 raise InferenceError(f"method {req.method.decode('latin-1')} not allowed", 405)
             if r.kind == "infer":
-                body, result = await self._infer(stream, conn, req, r)
+                body, result = await self._infer(req, r, reader)
                 head: h11.Response
                 if isinstance(result, StreamingResponse):
                     await self._stream_response(stream, conn, result)
@@ -570,29 +573,30 @@ class V2Server:
                 head = response_for(200, result)
                 pieces = [conn.send(head), *send_body(conn, result)]
             else:
-                await self._drain_small(stream, conn)
+                await self._drain_small(reader)
                 head, payload = self._get(r)
                 pieces = [conn.send(head), conn.send(h11.Data(data=payload)) if payload else b""]
                 pieces.append(conn.send(h11.EndOfMessage()))
         except (ProtocolError, InferenceError) as exc:
-            return await self._error(stream, conn, exc, body)
+            return await self._error(stream, conn, exc, reader)
         except TimeoutError:
             message = "timed out waiting for the request"
-            return await self._error(stream, conn, InferenceError(message, 408), body)
+            return await self._error(stream, conn, InferenceError(message, 408), reader)
         except Exception as exc:  # a handler failed: the server's fault
             log.exception("error while serving %s", target)
             return await self._error(
-                stream, conn, InferenceError(f"internal error: {exc}", 500), body
+                stream, conn, InferenceError(f"internal error: {exc}", 500), reader
             )
         await stream.send_all([p for p in pieces if p])
         return conn.our_state is h11.DONE
 
-    async def _drain_small(self, stream: ByteStream, conn: h11.Connection) -> None:
+    async def _drain_small(self, reader: BodyReader) -> None:
         """Read the (expectedly empty) body of a GET."""
-        reader = BodyReader(stream, conn, None, receive_in_place=False)
         total = 0
         while True:
             data = await reader.read()
+            if data is None:
+                continue
             if not len(data):
                 return
             total += len(data)
@@ -625,12 +629,10 @@ class V2Server:
         return model
 
     async def _infer(
-        self, stream: ByteStream, conn: h11.Connection, req: h11.Request, r: Route
+        self, req: h11.Request, r: Route, reader: BodyReader
     ) -> tuple[MessageBody, Any]:
         model = self._model(r)
-        parser = parser_for(req, limits=self.limits)
-        reader = BodyReader(stream, conn, parser.content_length, receive_in_place=self.zero_copy)
-        body = MessageBody(parser, reader)
+        body = MessageBody(parser_for(req, limits=self.limits), reader)
         header = await body.read_header()
         request = InferRequest(model, r.version, req, header, body)
         try:
@@ -669,7 +671,7 @@ class V2Server:
         stream: ByteStream,
         conn: h11.Connection,
         exc: ProtocolError | InferenceError,
-        body: MessageBody | None,
+        reader: BodyReader,
     ) -> bool:
         if conn.our_state is not h11.SEND_RESPONSE:
             return False  # the response had begun: all we can do is close
@@ -677,8 +679,10 @@ class V2Server:
             head, payload = error_response(exc.message, exc.status)
         else:
             head, payload = error_response(exc)
-        # Close unless the request was read to its end through h11.
-        close = conn.their_state is not h11.DONE
+        # A client still sending its body would not see the answer if the
+        # server closed now; read the rest (within bounds) and keep the
+        # connection, or say it closes.
+        close = not await self._discard(reader)
         if close:
             head = h11.Response(
                 status_code=head.status_code,
@@ -687,3 +691,19 @@ class V2Server:
         out = [conn.send(head), conn.send(h11.Data(data=payload)), conn.send(h11.EndOfMessage())]
         await stream.send_all([b for b in out if b])
         return not close and conn.states[h11.SERVER] is h11.DONE
+
+    async def _discard(self, reader: BodyReader) -> bool:
+        """Read and drop the rest of a request body, up to :data:`DISCARD_LIMIT`
+        bytes; True when the whole body has been read."""
+        total = 0
+        try:
+            while not reader.done:
+                data = await reader.read()
+                if data is None:
+                    continue
+                total += len(data)
+                if total > DISCARD_LIMIT:
+                    return False
+        except (RemoteProtocolError, TimeoutError):
+            return False
+        return True

@@ -344,6 +344,11 @@ def test_tritonclient_errors(server: ServerThread) -> None:
             client.infer("echo", [inp], outputs=[httpclient.InferRequestedOutput("y")])
         with pytest.raises(InferenceServerException, match="unknown model"):
             client.infer("nope", [inp])
+        # Refused before its body was read, a large request still gets the answer.
+        big = httpclient.InferInput("x", [1 << 21], "FP32")
+        big.set_data_from_numpy(np.zeros(1 << 21, dtype=np.float32))
+        with pytest.raises(InferenceServerException, match="unknown model"):
+            client.infer("nope", [big])
         # The same client goes on working after errors.
         result = client.infer("echo", [inp])
         np.testing.assert_array_equal(result.as_numpy("x"), np.zeros(2, dtype=np.float32))
