@@ -38,6 +38,7 @@ from binproto import (
     DecodedMessage,
     Event,
     Limits,
+    LocalProtocolError,
     Parser,
     ParserState,
     TensorAssembler,
@@ -271,7 +272,9 @@ async def aread_response(
 def _encode(inputs: Any, options: dict[str, Any]) -> EncodedBody:
     if hasattr(inputs, "buffers") and hasattr(inputs, "headers"):
         if options:
-            raise TypeError("encoding options cannot be given with an already encoded body")
+            raise LocalProtocolError(
+                f"encoding options {sorted(options)} cannot apply to an already encoded body"
+            )
         encoded: EncodedBody = inputs
         return encoded
     if options.get("outputs") is None:

@@ -8,6 +8,8 @@ import gzip
 import itertools
 import json
 import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator, MutableMapping
 from typing import Any
 
@@ -369,6 +371,42 @@ def test_error_response_uses_the_status_hint() -> None:
     asyncio.run(asgi.error_response("nope", 404)({"type": "http"}, _no_receive, rec))
     assert rec.messages[0]["status"] == 404
     assert json.loads(rec.body()) == {"error": "nope"}
+
+
+def test_works_without_starlette() -> None:
+    """The adapter needs only the raw ASGI callables: run it with Starlette hidden."""
+    script = """
+import asyncio, sys
+sys.modules["starlette"] = None  # any import of it now fails
+import numpy as np
+import binproto
+from binproto.adapters import asgi
+body = binproto.encode_request({"x": np.arange(5, dtype=np.int16)})
+scope = {"type": "http", "headers": [(k.lower().encode(), v.encode()) for k, v in body.headers]}
+data = bytes(body)
+messages = [{"type": "http.request", "body": data[:9], "more_body": True},
+            {"type": "http.request", "body": data[9:], "more_body": False}]
+async def receive():
+    return messages.pop(0)
+sent = []
+async def send(message):
+    sent.append(message)
+async def app():
+    msg = await asgi.read_request(scope, receive)
+    reply = binproto.encode_response(msg.tensors, model_name="m")
+    await asgi.EncodedResponse(reply)(scope, receive, send)
+asyncio.run(app())
+assert asgi.BufferResponse.__mro__[1] is object
+out = b"".join(bytes(m["body"]) for m in sent[1:])
+hl = int(dict(sent[0]["headers"])[b"inference-header-content-length"])
+print(binproto.decode_response(out, header_length=hl).tensors["x"].tolist())
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[0, 1, 2, 3, 4]"
+    assert asgi.BufferResponse.__mro__[1].__module__.startswith("starlette")
 
 
 def test_fastapi_can_return_the_responses() -> None:

@@ -347,7 +347,7 @@ def test_infer_path_quotes_names() -> None:
 def test_encoded_body_with_options_is_refused() -> None:
     body = binproto.encode_request({"x": np.ones(1, dtype=np.float32)})
     with httpx.Client(base_url="http://test", transport=EchoTransport()) as client:
-        with pytest.raises(TypeError):
+        with pytest.raises(binproto.LocalProtocolError, match="binary"):
             bphttpx.infer(client, "echo", body, binary=False)
         result = bphttpx.infer(client, "echo", body)
     assert result.tensors["x"].tolist() == [1.0]
