@@ -31,8 +31,7 @@ Client::
 from __future__ import annotations
 
 import asyncio
-import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._client import ClientCore, ResponseStream
@@ -94,14 +93,18 @@ class StreamsStream:
 class _ReceiveProtocol(asyncio.BufferedProtocol):
     """Receives into whatever buffer the waiting reader gave, and only then."""
 
-    def __init__(self, on_connect: Any = None) -> None:
+    def __init__(
+        self,
+        on_connect: Callable[[BufferedStream], object] | None = None,
+        timeout: float | None = None,
+    ) -> None:
         self.transport: asyncio.Transport | None = None
         self._on_connect = on_connect
+        self._timeout = timeout
         self._target: memoryview | None = None
         self._waiter: asyncio.Future[int] | None = None
         self._leftover = b""  # bytes received with no reader waiting (not expected)
         self._eof = False
-        self._error: BaseException | None = None
         self._writable: asyncio.Future[None] | None = None
         self._paused = False
         self._closed: asyncio.Future[None] | None = None
@@ -114,7 +117,7 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
         self._closed = asyncio.get_running_loop().create_future()
         transport.pause_reading()
         if self._on_connect is not None:
-            self._on_connect(BufferedStream(self))
+            self._on_connect(BufferedStream(self, self._timeout))
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._target is None:  # data with no reader: keep it for the next one
@@ -141,7 +144,6 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._eof = True
-        self._error = exc
         self._wake(0)
         if self._writable is not None and not self._writable.done():
             self._writable.set_result(None)
@@ -259,28 +261,19 @@ async def start_server(
     app = server if server is not None else V2Server()
     tasks: set[asyncio.Task[None]] = set()
 
-    def spawn(stream: Any) -> None:
+    def spawn(stream: BufferedStream) -> None:
         task = asyncio.get_running_loop().create_task(app.serve_connection(stream))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
     if zero_copy:
         loop = asyncio.get_running_loop()
-        return await loop.create_server(
-            lambda: _ReceiveProtocol(lambda s: spawn(_with_timeout(s, timeout))),
-            host,
-            port,
-        )
+        return await loop.create_server(lambda: _ReceiveProtocol(spawn, timeout), host, port)
 
     async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await app.serve_connection(StreamsStream(reader, writer, timeout))
 
     return await asyncio.start_server(on_client, host, port, limit=STREAM_LIMIT)
-
-
-def _with_timeout(stream: BufferedStream, timeout: float | None) -> BufferedStream:
-    stream.timeout = timeout
-    return stream
 
 
 async def serve(
@@ -289,10 +282,14 @@ async def serve(
     port: int = 8000,
     *,
     zero_copy: bool = True,
-    ready: Any = None,
+    timeout: float | None = None,
+    ready: Callable[[int], object] | None = None,
 ) -> None:
-    """Run the server until cancelled. ``ready(port)`` is called once listening."""
-    srv = await start_server(server, host, port, zero_copy=zero_copy)
+    """Run the server until cancelled (options as for :func:`start_server`).
+
+    ``ready(port)`` is called once listening.
+    """
+    srv = await start_server(server, host, port, zero_copy=zero_copy, timeout=timeout)
     async with srv:
         if ready is not None:
             ready(srv.sockets[0].getsockname()[1])
@@ -307,10 +304,8 @@ async def connect(
     if zero_copy:
         _, protocol = await loop.create_connection(_ReceiveProtocol, host, port)
         return BufferedStream(protocol, timeout)
+    # (asyncio sets TCP_NODELAY on its TCP transports.)
     reader, writer = await asyncio.open_connection(host, port, limit=STREAM_LIMIT)
-    sock = writer.get_extra_info("socket")
-    if sock is not None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return StreamsStream(reader, writer, timeout)
 
 
