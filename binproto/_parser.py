@@ -92,9 +92,9 @@ def as_byte_view(data: Any) -> memoryview:
         raise LocalProtocolError(
             f"expected a bytes-like object, got {type(data).__name__}"
         ) from None
+    if not mv.c_contiguous:
+        raise LocalProtocolError("buffers passed to binproto must be C-contiguous")
     if mv.format != "B" or mv.ndim != 1:
-        if not mv.c_contiguous:
-            raise LocalProtocolError("buffers passed to binproto must be C-contiguous")
         mv = mv.cast("B")
     return mv
 
@@ -155,7 +155,6 @@ class Parser:
         self._chunks: deque[memoryview] = deque()
         self._ended = False  # the (decompressed) body is known to end here
         self._input_ended = False  # receive_data(b"") was called
-        self._received = 0  # body bytes handed to receive_data
         self._pos = 0  # body offset of the next byte to parse
         self._error: BaseException | None = None
 
@@ -248,16 +247,31 @@ class Parser:
     def receive_data(self, data: Any) -> None:
         """Add bytes of the body; ``b""`` marks the end of the body.
 
-        Accepts any bytes-like object. Tensor bytes are not copied: events hand
-        out views of ``data``, valid until the next call. Raises
-        :class:`LocalProtocolError` after the end of the body or an error, and
-        :class:`RemoteProtocolError` for bytes after a complete message.
+        Accepts any C-contiguous bytes-like object. Tensor bytes are not
+        copied: events hand out views of ``data``, valid until the next call.
+        Raises :class:`LocalProtocolError` after the end of the body or an
+        error, and :class:`RemoteProtocolError` for bytes after a complete
+        message.
         """
-        if self._state is ParserState.ERROR:
+        # The hot path, once per chunk of a large tensor: a flat byte view
+        # queued as it is.
+        if type(data) is memoryview and data.format == "B" and data.ndim == 1 and data.c_contiguous:
+            mv = data
+        else:
+            mv = as_byte_view(data)
+        state = self._state
+        if (
+            state is ParserState.TENSORS
+            and len(mv)
+            and self._inflater is None
+            and not self._input_ended
+        ):
+            self._chunks.append(mv)
+            return
+        if state is ParserState.ERROR:
             raise LocalProtocolError("cannot receive data: the parser is in the ERROR state")
         if self._input_ended:
             raise LocalProtocolError("cannot receive data after the end of the body")
-        mv = as_byte_view(data)
         if not len(mv):
             self._input_ended = True
             if self._inflater is not None:
@@ -265,18 +279,17 @@ class Parser:
             else:
                 self._ended = True
             return
-        if self._state is ParserState.DONE:
+        if state is ParserState.DONE:
             self._fail(
                 RemoteProtocolError(
                     "unexpected additional data after the end of the message",
                     offset=self._pos,
                 )
             )
-        self._received += len(mv)
         if self._inflater is not None:
             self._inflater.feed(mv)
             return
-        if self._state is ParserState.HEADER and not self._chunks:
+        if state is ParserState.HEADER and not self._chunks:
             mv = self._buffer_header(mv)
             if not len(mv):
                 return

@@ -571,3 +571,21 @@ def test_hypothesis_mutations_fail_the_same_in_every_split(
     assert run(request_parser(MIXED_HL), split(bytes(body), points)) == whole
     if whole.error is not None:
         assert whole.error[0] == "RemoteProtocolError"
+
+
+def test_strided_and_multidimensional_buffers() -> None:
+    header = {"inputs": [{"name": "x", "shape": [4], "datatype": "UINT8",
+                          "parameters": {"binary_data_size": 4}}]}  # fmt: skip
+    body, hl = make_body(header, b"\x01\x02\x03\x04")
+    p = Parser("request", header_length=hl)
+    p.receive_data(body[:hl])
+    assert isinstance(p.next_event(), HeaderParsed)
+    strided = memoryview(b"\x01\x00\x02\x00\x03\x00\x04\x00")[::2]
+    with pytest.raises(LocalProtocolError, match="C-contiguous"):
+        p.receive_data(strided)
+    # A 2-D buffer counts all its bytes, not its first dimension.
+    square = memoryview(np.array([[1, 2], [3, 4]], dtype=np.uint8))
+    p.receive_data(square)
+    p.receive_data(b"")
+    out = [e for e in p.events() if isinstance(e, TensorChunk)]
+    assert b"".join(bytes(e.data) for e in out) == b"\x01\x02\x03\x04"
