@@ -79,6 +79,12 @@ async def _events(request: InferRequest) -> dict[str, Any]:
     return {k: np.array([v], dtype=np.int64) for k, v in counts.items()}
 
 
+class Ramp:
+    """How far the ``ramp`` model's producer has got (elements handed to the server)."""
+
+    produced = 0
+
+
 async def _ramp(request: InferRequest) -> StreamingResponse:
     """Stream ``n`` FP32 values 0..n-1 in pieces; ``fail_at`` breaks the stream there."""
     tensors = await request.tensors()
@@ -102,6 +108,7 @@ async def _ramp(request: InferRequest) -> StreamingResponse:
             if start == fail_at:
                 raise RuntimeError("the producer failed")
             await asyncio.sleep(0)
+            Ramp.produced = start
             yield 0, np.arange(start, min(n, start + step), dtype=np.float32)
 
     return StreamingResponse(binproto.BodyWriter(header), pieces())
@@ -511,6 +518,28 @@ def test_streaming_response(server: ServerThread) -> None:
 
     out = run(main())
     np.testing.assert_array_equal(out["y"], np.arange(n, dtype=np.float32))
+
+
+def test_client_reads_only_as_fast_as_the_consumer_takes_events(server: ServerThread) -> None:
+    n = 16 << 20  # 64 MiB of FP32
+
+    async def main() -> int:
+        async with Client("127.0.0.1", server.port) as c:
+            async with c.stream("ramp", {"n": np.array([n])}) as response:
+                while type(await response.next_event()) is not TensorChunk:
+                    pass
+                await asyncio.sleep(0.5)  # the consumer stalls
+                stalled_at = Ramp.produced
+                tail = b""
+                async for event in response:
+                    if type(event) is TensorChunk:
+                        tail = (tail + bytes(event.data[-4:]))[-4:]
+                assert np.frombuffer(tail, dtype=np.float32)[0] == n - 1
+                return stalled_at
+
+    stalled_at = run(main())
+    # Socket buffers hold a few MiB; the producer waited for the consumer.
+    assert stalled_at < n // 2, stalled_at
 
 
 def test_zero_copy_receive_on_the_server(server: ServerThread) -> None:
