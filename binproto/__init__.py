@@ -6,7 +6,7 @@ pull events; adapters under ``binproto.adapters`` connect it to sockets.
 """
 
 from ._assemble import TensorAssembler
-from ._bytes import BytesFramer, join_bytes, split_bytes
+from ._bytes import BytesDecoder, BytesFramer, join_bytes, split_bytes
 from ._compression import compress_buffers
 from ._datatypes import DATATYPES, DataType, datatype_for_dtype, datatype_of
 from ._decode import DecodedMessage, decode_request, decode_response
@@ -40,6 +40,7 @@ __all__ = [
     "HEADER_LENGTH_NAME",
     "NEED_DATA",
     "BodyWriter",
+    "BytesDecoder",
     "BytesFramer",
     "DataType",
     "DecodedMessage",

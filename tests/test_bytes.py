@@ -7,8 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from binproto import LocalProtocolError, RemoteProtocolError, split_bytes
-from binproto._bytes import BytesDecoder
+from binproto import BytesDecoder, LocalProtocolError, RemoteProtocolError, split_bytes
 
 from .helpers import bytes_tensor, chunkings, split
 
