@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Fuzz target for the body parser (atheris / libFuzzer).
 
 Each input is split by a FuzzedDataProvider into a parser configuration (kind,
