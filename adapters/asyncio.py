@@ -1,4 +1,5 @@
-"""binproto over asyncio: a V2 HTTP/1.1 server and client (h11 underneath).
+"""binproto over asyncio: a V2 HTTP/1.1 server and client (h11 underneath;
+install the ``binproto[h11]`` extra).
 
 Two ways to move bytes, both adapted to the backend-independent core in
 ``binproto.adapters._server``:

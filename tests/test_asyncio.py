@@ -686,6 +686,42 @@ def test_chunked_request_body(server: ServerThread) -> None:
     assert payload.endswith(x.tobytes())
 
 
+def _responses(data: bytes, count: int) -> list[binproto.DecodedMessage]:
+    """Decode ``count`` V2 responses that follow each other in ``data``."""
+    out = []
+    for _ in range(count):
+        conn = h11.Connection(h11.CLIENT)
+        conn.send(h11.Request(method="GET", target="/", headers=[("Host", "x")]))
+        conn.send(h11.EndOfMessage())
+        conn.receive_data(data)
+        head = conn.next_event()
+        assert type(head) is h11.Response and head.status_code == 200
+        body = bytearray()
+        while type(event := conn.next_event()) is h11.Data:
+            body += event.data
+        assert type(event) is h11.EndOfMessage
+        hl = binproto.header_length_from(head.headers)
+        out.append(binproto.decode_response(bytes(body), header_length=hl))
+        data = conn.trailing_data[0]
+    return out
+
+
+@pytest.mark.parametrize("first_size", [10, 1 << 20])
+def test_pipelined_requests(server: ServerThread, first_size: int) -> None:
+    first = np.arange(first_size, dtype=np.int32)
+    second = np.array([b"\xfe", b"x"], dtype=object)
+    wire = _request_bytes({"a": first}) + _request_bytes({"b": second})
+    with _connect(server.port) as sock:
+        sock.sendall(wire)
+        sock.shutdown(socket.SHUT_WR)
+        received = bytearray()
+        while data := sock.recv(1 << 20):
+            received += data
+    a, b = _responses(bytes(received), 2)
+    np.testing.assert_array_equal(a.tensors["a"], first)
+    assert list(b.tensors["b"]) == list(second)
+
+
 def test_body_holds_more_than_the_header_declares(server: ServerThread) -> None:
     body = binproto.encode_request({"x": np.arange(4, dtype=np.int32)})
     extra = bytes(body) + b"\x00" * 8
