@@ -818,6 +818,24 @@ def test_expect_100_continue(server: ServerThread) -> None:
     assert payload.endswith(x.tobytes())
 
 
+def test_limits_answer_413() -> None:
+    async def main() -> None:
+        app = V2Server(limits=binproto.Limits(max_tensor_bytes=1000))
+        srv = await start_server(app, port=0)
+        port = srv.sockets[0].getsockname()[1]
+        async with Client("127.0.0.1", port) as c:
+            with pytest.raises(HTTPError) as info:
+                await c.infer("echo", {"x": np.zeros(1001, dtype=np.uint8)})
+            assert info.value.status == 413
+            assert "exceeds the limit of 1000 bytes" in info.value.message
+            out = await c.infer("echo", {"x": np.ones(1000, dtype=np.uint8)})
+            np.testing.assert_array_equal(out["x"], np.ones(1000, dtype=np.uint8))
+        srv.close()
+        await srv.wait_closed()
+
+    run(main())
+
+
 def test_server_timeout_closes_a_stalled_peer() -> None:
     async def main() -> bytes:
         srv = await start_server(port=0, timeout=0.2)
