@@ -53,6 +53,7 @@ from binproto import (
     TensorAssembler,
 )
 from binproto._assemble import Destinations
+from binproto._compression import ENCODINGS
 from binproto._http import header_value
 from binproto._parser import as_byte_view
 
@@ -410,7 +411,8 @@ def error_response(error: BaseException | str, status: int | None = None) -> Buf
     """A V2 error response: ``{"error": "..."}`` as JSON.
 
     The status is ``status``, else a :class:`binproto.ProtocolError`'s
-    ``status_hint``, else 400.
+    ``status_hint``, else 400. A 415 (unsupported content encoding) also
+    names the encodings binproto decodes in ``Accept-Encoding``.
     """
     if isinstance(error, ProtocolError):
         code = status if status is not None else error.status_hint
@@ -418,4 +420,7 @@ def error_response(error: BaseException | str, status: int | None = None) -> Buf
         code = status if status is not None else 400
     payload = json.dumps({"error": str(error)}).encode()
     headers = [("content-type", "application/json"), ("content-length", str(len(payload)))]
+    if code == 415:
+        # Tell the client which content codings it may use instead (RFC 7694).
+        headers.append(("accept-encoding", ", ".join(ENCODINGS)))
     return BufferResponse([payload], code, headers)

@@ -525,6 +525,7 @@ def test_malformed_bodies_get_v2_errors(server: Server) -> None:
         assert r.status_code == 400 and "error" in r.json()
         r = client.post("/v2/models/echo/infer", content=b"{}", headers={"Content-Encoding": "br"})
         assert r.status_code == 415
+        assert r.headers["accept-encoding"] == "gzip, deflate"
         # The server keeps serving.
         assert client.get("/v2/health/ready").status_code == 200
 
