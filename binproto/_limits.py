@@ -29,8 +29,15 @@ class Limits:
         max_body_bytes: largest (decoded) body.
         max_json_depth: deepest nesting of JSON arrays and objects in the header.
         max_decompressed_bytes: most bytes a compressed body may expand to.
-        max_decompression_ratio: most decompressed bytes per compressed byte
-            (checked once more than 1 MiB has been decompressed).
+        max_decompression_ratio: most decompressed bytes per compressed byte.
+            The first 1 MiB of a body is always allowed; past it, a body may
+            expand to this many times its compressed ``content_length``, or,
+            when that is unknown, this many times the compressed bytes
+            decompressed so far (counted in 16 KiB blocks, so the outcome does
+            not depend on chunking). The default, 200, is far above what real
+            tensor data compresses by (rarely beyond 20:1, short of constant
+            data) and well below deflate's own maximum of about 1032:1, so a
+            bomb gains at most a fifth of the amplification it was built for.
     """
 
     max_header_bytes: int = 64 * MiB
