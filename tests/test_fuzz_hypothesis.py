@@ -1,0 +1,91 @@
+"""Property-based fuzzing in the normal suite (bounded): generated valid and
+invalid bodies, random bytes, in hypothesis-chosen chunkings."""
+
+from __future__ import annotations
+
+import gzip
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import binproto
+from binproto.testing import Body, chunkings, invalid_bodies, request_bodies, response_bodies
+from tests.helpers import run
+
+FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+VALID = st.one_of(
+    request_bodies(encodings=(None, "gzip", "deflate")),
+    response_bodies(encodings=(None, "gzip", "deflate")),
+)
+
+
+def decode(case: Body) -> binproto.DecodedMessage:
+    fn = binproto.decode_request if case.kind == "request" else binproto.decode_response
+    return fn(case.body, header_length=case.header_length, content_encoding=case.content_encoding)
+
+
+@FUZZ
+@given(case=VALID, data=st.data())
+def test_valid_bodies_decode_the_same_in_any_chunking(case: Body, data: Any) -> None:
+    assert case.tensors_equal(decode(case).tensors)
+    known = data.draw(st.booleans())
+    whole = run(lambda: case.parser(content_length=known), [case.body])
+    assert whole.error is None
+    chunks = data.draw(chunkings(case.body))
+    assert run(lambda: case.parser(content_length=known), chunks) == whole
+    # The assembler builds the same arrays from the chunked events.
+    parser = case.parser(content_length=known)
+    assembler = binproto.TensorAssembler()
+    for chunk in chunks:
+        parser.receive_data(chunk)
+        for event in parser.events():
+            assembler.feed(event)
+    if parser.state is not binproto.ParserState.DONE:
+        parser.receive_data(b"")
+        for event in parser.events():
+            assembler.feed(event)
+    assert case.tensors_equal(assembler.tensors)
+
+
+@FUZZ
+@given(case=invalid_bodies(VALID), data=st.data())
+def test_invalid_bodies_fail_the_same_in_any_chunking(case: Body, data: Any) -> None:
+    known = data.draw(st.booleans())
+    whole = run(lambda: case.parser(content_length=known), [case.body])
+    assert whole.error is not None and whole.error[0] == "RemoteProtocolError", case.mutation
+    chunks = data.draw(chunkings(case.body))
+    assert run(lambda: case.parser(content_length=known), chunks) == whole
+
+
+@FUZZ
+@given(
+    body=st.binary(max_size=300),
+    kind=st.sampled_from(["request", "response"]),
+    header_length=st.none() | st.integers(0, 320),
+    compress=st.booleans(),
+    known=st.booleans(),
+    data=st.data(),
+)
+def test_random_bytes_only_raise_remote_errors(
+    body: bytes,
+    kind: binproto.Kind,
+    header_length: int | None,
+    compress: bool,
+    known: bool,
+    data: Any,
+) -> None:
+    wire = gzip.compress(body) if compress else body
+
+    def make() -> binproto.Parser:
+        return binproto.Parser(
+            kind,
+            header_length=header_length,
+            content_length=len(wire) if known else None,
+            content_encoding="gzip" if compress else None,
+        )
+
+    whole = run(make, [wire])
+    assert whole.error is None or whole.error[0] == "RemoteProtocolError"
+    assert run(make, data.draw(chunkings(wire))) == whole
