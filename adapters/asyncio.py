@@ -32,6 +32,7 @@ Client::
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -42,6 +43,7 @@ __all__ = [
     "BufferedStream",
     "Client",
     "ResponseStream",
+    "SocketStream",
     "StreamsStream",
     "connect",
     "serve",
@@ -244,6 +246,43 @@ class BufferedStream:
             await closed
 
 
+class SocketStream:
+    """A :class:`~binproto.adapters._server.ByteStream` over a plain non-blocking
+    socket, with ``receive_into``: the event loop's ``sock_recv_into`` and
+    ``sock_sendall`` move bytes between the kernel and the caller's buffers
+    with no transport buffer in between, in either direction."""
+
+    def __init__(self, sock: socket.socket, timeout: float | None = None) -> None:
+        sock.setblocking(False)
+        self._sock = sock
+        self.timeout = timeout
+
+    async def receive_into(self, view: memoryview) -> int:
+        """Receive up to ``len(view)`` bytes into ``view``; 0 at end of stream."""
+        loop = asyncio.get_running_loop()
+        try:
+            return await asyncio.wait_for(loop.sock_recv_into(self._sock, view), self.timeout)
+        except ConnectionResetError:
+            return 0
+
+    async def receive_some(self, max_bytes: int) -> bytes:
+        """Up to ``max_bytes`` bytes; ``b""`` at end of stream."""
+        buf = bytearray(max_bytes)
+        n = await self.receive_into(memoryview(buf))
+        del buf[n:]
+        return bytes(buf)
+
+    async def send_all(self, buffers: Sequence[Any]) -> None:
+        """Send each buffer in turn, from the caller's memory (never joined or copied)."""
+        loop = asyncio.get_running_loop()
+        for buf in buffers:
+            await loop.sock_sendall(self._sock, buf)
+
+    async def aclose(self) -> None:
+        """Close the connection."""
+        self._sock.close()
+
+
 async def start_server(
     server: V2Server | None = None,
     host: str = "127.0.0.1",
@@ -299,12 +338,26 @@ async def serve(
 
 async def connect(
     host: str, port: int, *, zero_copy: bool = True, timeout: float | None = None
-) -> BufferedStream | StreamsStream:
-    """Open a connection as a ByteStream (see :func:`start_server` for the options)."""
+) -> SocketStream | StreamsStream:
+    """Open a connection as a ByteStream.
+
+    ``zero_copy``: a :class:`SocketStream` (bytes received into and sent from
+    the caller's memory); else asyncio streams. ``timeout`` bounds each wait
+    for the peer's bytes.
+    """
     loop = asyncio.get_running_loop()
     if zero_copy:
-        _, protocol = await loop.create_connection(_ReceiveProtocol, host, port)
-        return BufferedStream(protocol, timeout)
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        family, type_, proto, _, address = infos[0]
+        sock = socket.socket(family, type_, proto)
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            await loop.sock_connect(sock, address)
+        except BaseException:
+            sock.close()
+            raise
+        return SocketStream(sock, timeout)
     # (asyncio sets TCP_NODELAY on its TCP transports.)
     reader, writer = await asyncio.open_connection(host, port, limit=STREAM_LIMIT)
     return StreamsStream(reader, writer, timeout)

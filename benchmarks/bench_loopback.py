@@ -14,8 +14,9 @@ Three servers run side by side, each in its own process on 127.0.0.1:
 The binproto servers serve a ``sink`` model that receives every input into a
 numpy array (``request.tensors()``) and answers with how many tensor bytes the
 assembler copied and how many arrived in place. The client (this process)
-sends with binproto's asyncio client, which passes the tensor's memory to the
-transport without joining it; the raw client uses ``sendall``. Each round trip
+sends with binproto's asyncio client (the same for both servers), which passes
+the tensor's memory to ``loop.sock_sendall`` without joining or copying it; the
+raw client uses ``sendall``. Each round trip
 is timed from the first byte sent to the answer. The cases alternate round by
 round. Each server's peak RSS (``VmHWM``) is read after the rounds and
 reported as a multiple of the payload: absolute, and above the server's RSS
@@ -170,7 +171,7 @@ def run(quick: bool) -> list[Row]:
 
     current = mode(quick)
     payload = pick(current, full=256 * MiB, quick=32 * MiB, tiny=64 * 1024)
-    repeats = pick(current, full=3, quick=3, tiny=1)
+    repeats = pick(current, full=7, quick=5, tiny=1)
     tensor = np.full(payload // 4, 1.5, dtype=np.float32)
     raw_view = tensor.data.cast("B")
     loop = asyncio.new_event_loop()
@@ -190,7 +191,7 @@ def run(quick: bool) -> list[Row]:
         pids = {"raw": raw_pid, "zero_copy": zc_pid, "streams": st_pid}
         raw = _RawClient(raw_port)
         zc = Client("127.0.0.1", zc_port, zero_copy=True)
-        st = Client("127.0.0.1", st_port, zero_copy=False)
+        st = Client("127.0.0.1", st_port, zero_copy=True)  # the same client: servers differ
         try:
             idle = {k: _status(pid, "VmRSS") for k, pid in pids.items()}
             times = interleave(
