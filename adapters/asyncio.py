@@ -1,21 +1,25 @@
 """binproto over asyncio: a V2 HTTP/1.1 server and client (h11 underneath;
 install the ``binproto[h11]`` extra).
 
-Two ways to move bytes, both adapted to the backend-independent core in
-``binproto.adapters._server``:
+Ways to move bytes, each adapted to the backend-independent core in
+``binproto.adapters._server`` (``zero_copy`` picks one):
 
 * streams (``asyncio.start_server`` / ``open_connection``): bytes go through
-  a ``StreamReader`` (``zero_copy=False``);
-* an :class:`asyncio.BufferedProtocol` (the default): the event loop calls
-  ``recv_into`` on the buffer this module hands it, which is the tensor's
-  destination array while a binary tensor of a ``Content-Length`` body is
-  being received. Reading is paused whenever nobody waits for bytes, so the
-  socket is read only as fast as the consumer takes events.
+  a ``StreamReader`` (``zero_copy=False``, server and client);
+* the server's default, an :class:`asyncio.BufferedProtocol`: the event loop
+  calls ``recv_into`` on the buffer this module hands it, which is the
+  tensor's destination array while a binary tensor of a ``Content-Length``
+  body is being received. Reading is paused whenever nobody waits for bytes,
+  so the socket is read only as fast as the consumer takes events;
+* the client's default, a plain non-blocking socket driven by
+  ``loop.sock_recv_into`` / ``loop.sock_sendall`` (:class:`SocketStream`):
+  responses are received in place the same way, and requests are sent from
+  the caller's arrays with no transport buffer in between.
 
-Sending never joins buffers: each one is written as it is, in pieces of at
-most 1 MiB, waiting for the transport to drain between pieces. (Before
-Python 3.12 an asyncio transport copies what the kernel did not take at once;
-the pieces bound that copy.)
+Sending never joins buffers. Through a transport (the server), each buffer is
+written in pieces of at most 1 MiB, waiting for the transport to drain between
+pieces (before Python 3.12 an asyncio transport copies what the kernel did
+not take at once; the pieces bound that copy).
 
 Server::
 
