@@ -523,6 +523,35 @@ def update_readme(path: Path, block: str) -> bool:
 # -- main ----------------------------------------------------------------------------
 
 
+def publish(report: dict[str, Any], args: argparse.Namespace) -> None:
+    """Write the JSON, the Markdown table, the chart, and the README's table."""
+    rows, machine = report["rows"], report["machine"]
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=1) + "\n")
+    md = args.json.with_suffix(".md")
+    block = (
+        f"Machine: {machine_line(machine)}. Run: `{report['mode']}` mode,"
+        f" {report['seconds']:.0f} s.\n\n{markdown_table(rows)}\n"
+    )
+    chart = None
+    if not args.no_chart:
+        chart = args.chart or args.json.with_suffix(".png")
+        why = draw_chart(rows, machine, chart)
+        print(why or f"wrote {chart}")
+        if why:
+            chart = None
+    if chart is not None and chart.resolve().is_relative_to(HERE):
+        block += f"\n![benchmark chart]({chart.resolve().relative_to(HERE).as_posix()})\n"
+    md.write_text(block)
+    print(f"wrote {args.json} and {md}")
+    if args.update_readme:
+        readme = HERE / "README.md"
+        if update_readme(readme, block):
+            print(f"updated {readme}")
+        else:
+            print(f"{readme} has no results markers: not updated", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The ``python -m benchmarks.run`` command."""
     ap = argparse.ArgumentParser(
@@ -545,6 +574,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--update-readme", action="store_true", help="put the table in benchmarks/README.md"
     )
+    ap.add_argument(
+        "--replay", type=Path, metavar="JSON", help="redo table, chart and README from a saved run"
+    )
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -552,6 +584,12 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.worker:
         return worker(args.worker, args.mode or "full", args.out)
+
+    if args.replay:
+        saved: dict[str, Any] = json.loads(args.replay.read_text())
+        print(text_table(saved["rows"]))
+        publish(saved, args)
+        return 0
 
     run_mode = "tiny" if args.tiny else "quick" if args.quick else "full"
     names = discover()
@@ -595,23 +633,7 @@ def main(argv: list[str] | None = None) -> int:
         "modules": modules,
         "rows": rows,
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(_jsonable(report), indent=1) + "\n")
-    md = args.json.with_suffix(".md")
-    block = f"Machine: {machine_line(machine)}. Run: `{run_mode}` mode, {total:.0f} s.\n\n"
-    block += markdown_table(rows)
-    md.write_text(block + "\n")
-    print(f"wrote {args.json} and {md}")
-    if not args.no_chart:
-        chart = args.chart or args.json.with_suffix(".png")
-        why = draw_chart(rows, machine, chart)
-        print(why or f"wrote {chart}")
-    if args.update_readme:
-        readme = HERE / "README.md"
-        if update_readme(readme, block):
-            print(f"updated {readme}")
-        else:
-            print(f"{readme} has no results markers: not updated", file=sys.stderr)
+    publish(_jsonable(report), args)
     return 1 if any("error" in m for m in modules) else 0
 
 

@@ -121,3 +121,22 @@ def test_readme_has_results_markers() -> None:
     start = text.index("<!-- results:start -->")
     end = text.index("<!-- results:end -->")
     assert end > start
+
+
+def test_replay_redraws_a_saved_run(report: dict[str, Any], tmp_path: Path) -> None:
+    saved = Path(report["_dir"]) / "r.json"
+    out = tmp_path / "again.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--replay", str(saved), "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    again = json.loads(out.read_text())
+    assert again["rows"] == json.loads(saved.read_text())["rows"]
+    assert (tmp_path / "again.md").read_text().count("\n|") == len(
+        again["rows"]
+    ) + 2  # header and rule
