@@ -55,7 +55,8 @@ class TensorChunk(Event):
 
     ``data`` is a ``memoryview`` slice of the buffer passed to
     :meth:`Parser.receive_data` (or of binproto's own decompressed output for a
-    compressed body): nothing is copied. It is valid until the next call to
+    compressed body, or, first, the 4-byte length prefix binproto supplies for
+    the element of a raw BYTES request): nothing is copied. It is valid until the next call to
     ``receive_data``; keep it longer only if the caller's buffer lives longer.
     """
 

@@ -213,7 +213,8 @@ class Parser:
 
     @property
     def bytes_parsed(self) -> int:
-        """Body bytes parsed so far (the offset of the next byte)."""
+        """Body bytes parsed so far (the offset of the next byte; for a
+        compressed body, in the decompressed body)."""
         return self._pos
 
     def next_tensor_region(self) -> tuple[int, int, int] | None:
