@@ -510,3 +510,20 @@ def test_tritonclient_reads_compress_buffers_output(encoding: str) -> None:
         body, header_length=RESPONSE_HL, content_encoding=encoding
     )
     assert result.as_numpy("o").tolist() == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_encoder_output_compressed_round_trip(encoding: str) -> None:
+    arrays = {"a": ARR, "b": np.array([b"x", b"yz"], dtype=object)}
+    encoded = binproto.encode_request(arrays)
+    body = b"".join(binproto.compress_buffers(encoded, encoding))
+    whole = assert_same_everywhere(
+        make("request", encoded.header_length, encoding, len(body)), body, two_way_limit=100
+    )
+    plain = run(make("request", encoded.header_length, None), [bytes(encoded)])
+    assert whole == plain and whole.error is None
+    msg = binproto.decode_request(
+        body, header_length=encoded.header_length, content_encoding=encoding
+    )
+    assert arrays_equal(msg.tensors["a"], ARR)
+    assert list(msg.tensors["b"]) == [b"x", b"yz"]
