@@ -18,6 +18,7 @@ import numpy as np
 import binproto
 from binproto import Event, InferenceHeader, Limits, RequestedOutput
 from binproto._assemble import Destinations
+from binproto._http import header_value
 
 from ._server import BodyReader, ByteStream, MessageBody
 from .h11 import HTTPError, error_message, parser_for, request_for, send_body
@@ -63,6 +64,13 @@ def _requested(outputs: Iterable[str | RequestedOutput] | None) -> list[Requeste
     if outputs is None:
         return None
     return [o if isinstance(o, RequestedOutput) else RequestedOutput(o) for o in outputs]
+
+
+def _closes(response: h11.Response) -> bool:
+    """True when the server will close the connection after ``response``."""
+    tokens = header_value(list(response.headers), "connection") or ""
+    closing = any(t.strip() == "close" for t in tokens.lower().split(","))
+    return closing or response.http_version != b"1.1"
 
 
 class ClientCore:
@@ -208,8 +216,10 @@ class ClientCore:
             if ok:
                 self._next_cycle(conn)
             elif result.body.complete:
-                # h11 did not see the body: a fresh connection state, same socket.
+                # h11 did not see the body: a fresh connection state, same socket,
+                # unless the server said it closes.
                 self._conn = h11.Connection(h11.CLIENT)
+                self._stream_to_close = _closes(response)
                 ok = True
         finally:
             if not ok or self._stream_to_close:

@@ -34,7 +34,8 @@ from binproto.adapters._server import (
     echo_model,
 )
 from binproto.adapters.asyncio import Client, start_server
-from binproto.adapters.h11 import HTTPError, request_for, send_message
+from binproto.adapters.h11 import HTTPError, receive_events, request_for, response_for, send_message
+from binproto.adapters.h11 import parser_for as parser_from_head
 
 # -- a server on a background thread ------------------------------------------
 
@@ -540,6 +541,51 @@ def test_client_reads_only_as_fast_as_the_consumer_takes_events(server: ServerTh
     stalled_at = run(main())
     # Socket buffers hold a few MiB; the producer waited for the consumer.
     assert stalled_at < n // 2, stalled_at
+
+
+def _one_shot_server(listener: socket.socket, count: int) -> None:
+    """Answer ``count`` connections with one echo each, saying Connection: close."""
+    for _ in range(count):
+        sock, _ = listener.accept()
+        with sock:
+            conn = h11.Connection(h11.SERVER)
+            parser = None
+            asm = binproto.TensorAssembler()
+            while parser is None or parser.state is not binproto.ParserState.DONE:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    conn.receive_data(sock.recv(65536))
+                elif type(event) is h11.Request:
+                    parser = parser_from_head(event)
+                elif parser is not None and isinstance(event, (h11.Data, h11.EndOfMessage)):
+                    for ev in receive_events(parser, event):
+                        asm.feed(ev)
+            assert asm.header is not None
+            body = binproto.encode_response(asm.tensors, model_name="echo", request=asm.header)
+            head = response_for(200, body, headers=[("Connection", "close")])
+            for piece in send_message(conn, head, body):
+                sock.sendall(piece)
+
+
+def test_client_reconnects_after_connection_close() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    thread = threading.Thread(target=_one_shot_server, args=(listener, 2), daemon=True)
+    thread.start()
+
+    async def main() -> None:
+        async with Client("127.0.0.1", port) as c:
+            for i in range(2):
+                x = np.arange(100_000 + i, dtype=np.int32)
+                out = await c.infer("echo", {"x": x}, binary_data_output=True)
+                np.testing.assert_array_equal(out["x"], x)
+
+    try:
+        run(main())
+    finally:
+        thread.join(10)
+        listener.close()
+    assert not thread.is_alive()
 
 
 def test_zero_copy_receive_on_the_server(server: ServerThread) -> None:
