@@ -43,6 +43,8 @@ BLOCK = 16 * 1024
 STEP = 256 * 1024
 #: Decompressed bytes always allowed, whatever the expansion ratio.
 RATIO_FLOOR = 1024 * 1024
+# Chunks smaller than this are copied together rather than queued as views.
+_GATHER = 4096
 
 _ALIASES = {"gzip": "gzip", "x-gzip": "gzip", "deflate": "deflate", "identity": None}
 _GZIP_WBITS = 31  # gzip header and trailer
@@ -98,7 +100,11 @@ class Inflater:
         self._limits = limits
         self._content_length = content_length
         self._d: Any = None  # the zlib decompressor, made from the first block
-        self._queue: deque[memoryview] = deque()
+        # Compressed bytes waiting for zlib: views of the caller's chunks, and
+        # bytearrays into which small chunks are gathered, so that a body fed
+        # in tiny chunks is not held as thousands of view objects.
+        self._queue: deque[memoryview | bytearray] = deque()
+        self._gather: bytearray | None = None  # the queue's last item, still growing
         self._queued = 0  # compressed bytes waiting in _queue
         self._received = 0  # compressed bytes handed to feed()
         self._input_ended = False
@@ -115,9 +121,18 @@ class Inflater:
         return self._out
 
     def feed(self, data: memoryview) -> None:
-        """Queue compressed bytes (not copied)."""
-        self._queue.append(data)
-        self._queued += len(data)
+        """Queue compressed bytes (not copied, unless smaller than ``_GATHER``)."""
+        n = len(data)
+        if n < _GATHER:
+            gather = self._gather
+            if gather is None or len(gather) >= _GATHER:
+                gather = self._gather = bytearray()
+                self._queue.append(gather)
+            gather += data
+        else:
+            self._gather = None
+            self._queue.append(data)
+        self._queued += n
         self._received += len(data)
 
     def end(self) -> None:
@@ -128,7 +143,7 @@ class Inflater:
         cl = self._content_length
         return self._input_ended or (cl is not None and self._received >= cl)
 
-    def _next_block(self) -> bytes | memoryview | None:
+    def _next_block(self) -> bytes | bytearray | memoryview | None:
         """The next BLOCK compressed bytes (fewer only at the end), or None."""
         cl = self._content_length
         avail = self._queued if cl is None else min(self._queued, cl - self._fed)
@@ -138,9 +153,10 @@ class Inflater:
             n = avail
         else:
             return None
+        self._gather = None  # the queue is consumed from here: gather afresh
         queue = self._queue
         first = queue[0]
-        block: bytes | memoryview
+        block: bytes | bytearray | memoryview
         if len(first) >= n:
             block = first[:n]
             if len(first) == n:
@@ -165,7 +181,7 @@ class Inflater:
         self._fed += n
         return block
 
-    def _decompressor(self, head: bytes | memoryview) -> Any:
+    def _decompressor(self, head: bytes | bytearray | memoryview) -> Any:
         if self.encoding == "gzip":
             return zlib.decompressobj(_GZIP_WBITS)
         wbits = _ZLIB_WBITS if _looks_like_zlib(bytes(head[:2])) else _RAW_WBITS
@@ -225,7 +241,7 @@ class Inflater:
             if self._d is not None and self._d.eof:
                 self._at_stream_end()
                 return None
-            data: bytes | memoryview
+            data: bytes | bytearray | memoryview
             if self._tail:
                 data = self._tail
             else:

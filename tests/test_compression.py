@@ -527,3 +527,39 @@ def test_encoder_output_compressed_round_trip(encoding: str) -> None:
     )
     assert arrays_equal(msg.tensors["a"], ARR)
     assert list(msg.tensors["b"]) == [b"x", b"yz"]
+
+
+def test_tiny_chunks_are_gathered_not_queued_as_views() -> None:
+    data = np.random.default_rng(8).integers(0, 256, size=4 * BLOCK, dtype=np.uint8)
+    plain, hl = make_body(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "datatype": "UINT8",
+                    "shape": [data.size],
+                    "parameters": {"binary_data_size": data.size},
+                }
+            ]
+        },
+        data.tobytes(),
+    )
+    body = gzip.compress(plain)
+    parser = Parser("request", header_length=hl, content_encoding="gzip")
+    got = bytearray()
+    longest_queue = 0
+    for i in range(len(body)):
+        parser.receive_data(body[i : i + 1])
+        for ev in parser.events():
+            if isinstance(ev, TensorChunk):
+                got += ev.data
+        assert parser._inflater is not None
+        longest_queue = max(longest_queue, len(parser._inflater._queue))
+    parser.receive_data(b"")
+    for ev in parser.events():
+        if isinstance(ev, TensorChunk):
+            got += ev.data
+    assert bytes(got) == data.tobytes()
+    # Up to a block of compressed bytes waits for zlib, in a few gathered
+    # buffers rather than one view per byte.
+    assert longest_queue <= BLOCK // 4096 + 1
