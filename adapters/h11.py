@@ -43,10 +43,14 @@ if TYPE_CHECKING:
     from binproto import EncodedBody
 
 __all__ = [
+    "PIECE",
     "HTTPError",
     "content_length_of",
+    "error_message",
     "error_response",
     "feed",
+    "header_rest",
+    "json_response",
     "parser_for",
     "receive_body_into",
     "receive_events",
