@@ -151,6 +151,32 @@ class BytesFramer:
             return n
         return j
 
+    def split(self, data: Any) -> np.ndarray[Any, np.dtype[np.object_]]:
+        """Check and split the whole tensor ``data`` in one walk: the elements as
+        a 1-D object array of ``bytes``. Raises what :meth:`feed` and
+        :meth:`finish` would, at the same offsets."""
+        buf = data if isinstance(data, bytes) else bytes(data)
+        unpack = _U32.unpack_from
+        out: list[bytes] = []
+        append = out.append
+        pos = 0
+        try:
+            for _ in range(self.elements):
+                start = pos + 4
+                pos = start + unpack(buf, pos)[0]
+                append(buf[start:pos])
+        except struct.error:  # a prefix past the end
+            pos = -1
+        if pos != len(buf) or len(buf) != self.size:
+            # Walk again with every check, to raise at the exact fault.
+            self.feed(memoryview(buf), 0)
+            self.finish()
+            raise AssertionError("unreachable: the framing was found invalid")
+        self._count = self.elements
+        arr = np.empty(len(out), dtype=object)
+        arr[:] = out
+        return arr
+
     def take(self) -> list[bytes]:
         """The elements completed since the last call (with ``collect`` only)."""
         out = self._out or []

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from binproto import RemoteProtocolError
-from binproto._bytes import BytesFramer
+from binproto._bytes import BytesFramer, split_bytes
 
 Outcome = tuple[str, int | None] | int
 
@@ -79,3 +79,32 @@ def test_overrun_raises_at_the_prefix_that_claims_it() -> None:
     msg, offset = _outcome(data, 3, len(data), [9], False)  # type: ignore[misc]
     assert "claims 50 bytes" in msg
     assert offset == 100 + 11
+
+
+def _split_outcome(data: bytes, elements: int, size: int) -> Outcome | list[bytes]:
+    framer = BytesFramer("input 't'", elements, size, 100)
+    try:
+        arr = framer.split(data)
+    except RemoteProtocolError as exc:
+        return (str(exc), exc.offset)
+    assert arr.dtype == object and arr.shape == (elements,)
+    return list(arr)
+
+
+@settings(max_examples=400, deadline=None)
+@given(framings())
+def test_split_checks_like_feed_and_finish(case: tuple[bytes, int, int, list[int]]) -> None:
+    data, elements, size, _ = case
+    whole = _outcome(data, elements, size, [], True)
+    got = _split_outcome(data, elements, size)
+    if isinstance(whole, int):  # valid: the same elements as split_bytes
+        assert got == list(split_bytes(data, elements))
+    else:
+        assert got == whole
+
+
+def test_split_returns_the_elements() -> None:
+    items = [b"", b"a", b"\xff" * 9, b"xyz"]
+    data = b"".join(struct.pack("<I", len(x)) + x for x in items)
+    assert _split_outcome(data, 4, len(data)) == items
+    assert _split_outcome(memoryview(data), 4, len(data)) == items  # type: ignore[arg-type]
