@@ -22,7 +22,7 @@ import logging
 import urllib.parse
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import h11
 import numpy as np
@@ -30,6 +30,8 @@ import numpy as np
 import binproto
 from binproto import (
     NEED_DATA,
+    BodyWriter,
+    EncodedBody,
     Event,
     HeaderParsed,
     InferenceHeader,
@@ -39,6 +41,7 @@ from binproto import (
     Parser,
     ProtocolError,
     RemoteProtocolError,
+    Tensor,
     TensorAssembler,
 )
 from binproto._assemble import Destinations
@@ -53,9 +56,6 @@ from .h11 import (
     send_body,
     send_data,
 )
-
-if TYPE_CHECKING:
-    from binproto import BodyWriter
 
 __all__ = [
     "BodyReader",
@@ -376,8 +376,8 @@ class StreamingResponse:
 
 #: What a handler returns: outputs by name (encoded with the request's output
 #: policy), an already encoded body, or a streaming response.
-HandlerResult = Mapping[str, Any] | StreamingResponse
-Handler = Callable[[InferRequest], Awaitable[Any]]
+HandlerResult = Mapping[str, Any] | Sequence[Tensor] | EncodedBody | StreamingResponse
+Handler = Callable[[InferRequest], Awaitable[HandlerResult]]
 
 
 @dataclass
@@ -634,6 +634,9 @@ class V2Server:
         model = self._model(r)
         body = MessageBody(parser_for(req, limits=self.limits), reader)
         header = await body.read_header()
+        shared = [t.name for t in header.tensors if t.shared_memory]
+        if shared:
+            raise InferenceError(f"shared memory is not supported here (inputs {shared})")
         request = InferRequest(model, r.version, req, header, body)
         try:
             result = await model.handler(request)
@@ -643,7 +646,7 @@ class V2Server:
                 await body.drain()
             raise
         await body.drain()
-        if isinstance(result, StreamingResponse) or hasattr(result, "buffers"):
+        if isinstance(result, (StreamingResponse, EncodedBody)):
             return body, result
         version = r.version
         if version is None and model.versions:

@@ -768,6 +768,29 @@ def test_pipelined_requests(server: ServerThread, first_size: int) -> None:
     assert list(b.tensors["b"]) == list(second)
 
 
+def test_shared_memory_inputs_are_refused(server: ServerThread) -> None:
+    payload = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "shape": [4],
+                    "datatype": "FP32",
+                    "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 16},
+                }
+            ]
+        }
+    ).encode()
+    head = (
+        f"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(payload)}\r\n\r\n"
+    ).encode()
+    with _connect(server.port) as sock:
+        sock.sendall(head + payload)
+        status, body, _ = _read_response(sock, check_closed=False)
+    assert status == 400
+    assert "shared memory is not supported" in json.loads(body)["error"]
+
+
 def test_body_holds_more_than_the_header_declares(server: ServerThread) -> None:
     body = binproto.encode_request({"x": np.arange(4, dtype=np.int32)})
     extra = bytes(body) + b"\x00" * 8
