@@ -6,11 +6,19 @@ from __future__ import annotations
 import gzip
 from typing import Any
 
+import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import binproto
-from binproto.testing import Body, chunkings, invalid_bodies, request_bodies, response_bodies
+from binproto.testing import (
+    Body,
+    chunkings,
+    invalid_bodies,
+    request_bodies,
+    response_bodies,
+    tensors,
+)
 from tests.helpers import run
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -64,7 +72,7 @@ def test_invalid_bodies_fail_the_same_in_any_chunking(case: Body, data: Any) -> 
     body=st.binary(max_size=300),
     kind=st.sampled_from(["request", "response"]),
     header_length=st.none() | st.integers(0, 320),
-    compress=st.booleans(),
+    compress=st.sampled_from([None, "gzip", "stream"]),
     known=st.booleans(),
     data=st.data(),
 )
@@ -72,11 +80,12 @@ def test_random_bytes_only_raise_remote_errors(
     body: bytes,
     kind: binproto.Kind,
     header_length: int | None,
-    compress: bool,
+    compress: str | None,
     known: bool,
     data: Any,
 ) -> None:
-    wire = gzip.compress(body) if compress else body
+    # "gzip" compresses the random body; "stream" takes it as the gzip stream.
+    wire = gzip.compress(body) if compress == "gzip" else body
 
     def make() -> binproto.Parser:
         return binproto.Parser(
@@ -89,3 +98,45 @@ def test_random_bytes_only_raise_remote_errors(
     whole = run(make, [wire])
     assert whole.error is None or whole.error[0] == "RemoteProtocolError"
     assert run(make, data.draw(chunkings(wire))) == whole
+
+
+@FUZZ
+@given(pair=tensors(), batched=st.booleans(), data=st.data())
+def test_raw_requests_in_any_chunking(
+    pair: tuple[str, np.ndarray[Any, Any]], batched: bool, data: Any
+) -> None:
+    datatype, arr = pair
+    known = True
+    if datatype == "BYTES":
+        element = data.draw(st.binary(max_size=40))
+        shape: tuple[int, ...] = (1,)
+        body = element
+        expected: np.ndarray[Any, Any] = np.empty(1, dtype=object)
+        expected[:] = [element]
+    else:
+        shape = arr.shape
+        body = arr.tobytes()
+        expected = arr
+        known = data.draw(st.booleans())
+        if known and shape and all(shape) and data.draw(st.booleans()):
+            at = data.draw(st.integers(0, len(shape) - 1))
+            shape = (*shape[:at], -1, *shape[at + 1 :])  # deduced from the length
+    spec_shape = (data.draw(st.integers(-1, 8)), *shape) if batched else shape
+    spec = binproto.TensorSpec("raw", datatype, spec_shape, batched=batched)
+    expected = expected.reshape((1, *expected.shape) if batched else expected.shape)
+
+    def make() -> binproto.Parser:
+        return binproto.Parser(
+            "request", header_length=0, content_length=len(body) if known else None, raw_input=spec
+        )
+
+    whole = run(make, [body])
+    assert whole.error is None, whole.error
+    assert run(make, data.draw(chunkings(body))) == whole
+    msg = binproto.decode_request(body, header_length=0, raw_input=spec)
+    got = msg.tensors["raw"]
+    assert got.shape == expected.shape
+    if datatype == "BYTES":
+        assert got.ravel().tolist() == expected.ravel().tolist()
+    else:
+        assert got.tobytes() == expected.tobytes()
