@@ -361,6 +361,7 @@ class Parser:
         self._state = ParserState.ERROR
         self._error = exc
         self._chunks.clear()
+        self._inflater = None  # drop the compressed bytes it still holds
         raise exc
 
     # -- readers ----------------------------------------------------------------
