@@ -182,9 +182,16 @@ class Inflater:
         return block
 
     def _decompressor(self, head: bytes | bytearray | memoryview) -> Any:
-        if self.encoding == "gzip":
-            return zlib.decompressobj(_GZIP_WBITS)
-        wbits = _ZLIB_WBITS if _looks_like_zlib(bytes(head[:2])) else _RAW_WBITS
+        # Like Triton, which inflates either coding with zlib's automatic
+        # gzip/zlib detection, take a gzip or zlib stream under either name;
+        # "deflate" may also be a bare deflate stream, as some peers send it.
+        start = bytes(head[:2])
+        if start == b"\x1f\x8b":
+            wbits = _GZIP_WBITS
+        elif _looks_like_zlib(start):
+            wbits = _ZLIB_WBITS
+        else:
+            wbits = _GZIP_WBITS if self.encoding == "gzip" else _RAW_WBITS
         return zlib.decompressobj(wbits)
 
     def _allowed(self) -> int:

@@ -563,3 +563,15 @@ def test_tiny_chunks_are_gathered_not_queued_as_views() -> None:
     # Up to a block of compressed bytes waits for zlib, in a few gathered
     # buffers rather than one view per byte.
     assert longest_queue <= BLOCK // 4096 + 1
+
+
+@pytest.mark.parametrize(
+    ("label", "how"), [("deflate", "gzip"), ("gzip", "deflate"), ("gzip", "raw-deflate")]
+)
+def test_mislabelled_streams(label: str, how: str) -> None:
+    body = COMPRESSORS[how](REQUEST)
+    out = assert_same_everywhere(make("request", REQUEST_HL, label), body, two_way_limit=50)
+    if how == "raw-deflate":  # no header to recognise: gzip is required
+        assert out.error is not None and "invalid gzip data" in out.error[1]
+    else:  # Triton inflates gzip and zlib streams under either name: so does binproto
+        assert out == run(make("request", REQUEST_HL, None), [REQUEST])
