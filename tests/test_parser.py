@@ -584,7 +584,7 @@ def test_strided_and_multidimensional_buffers() -> None:
     with pytest.raises(LocalProtocolError, match="C-contiguous"):
         p.receive_data(strided)
     # A 2-D buffer counts all its bytes, not its first dimension.
-    square = memoryview(np.array([[1, 2], [3, 4]], dtype=np.uint8))
+    square = np.array([[1, 2], [3, 4]], dtype=np.uint8).data
     p.receive_data(square)
     p.receive_data(b"")
     out = [e for e in p.events() if isinstance(e, TensorChunk)]
