@@ -142,7 +142,13 @@ def raw_header(
         fixed = math.prod(d for d in shape if d != -1) * dt.itemsize
         if -1 in shape:
             assert body_length is not None
-            if fixed == 0 or body_length % fixed:
+            if fixed == 0:
+                raise RemoteProtocolError(
+                    f"The shape of the raw input '{spec.name}' can not be deduced because"
+                    " its other dimensions hold no elements",
+                    offset=0,
+                )
+            if body_length % fixed:
                 raise RemoteProtocolError(
                     f"unexpected total byte size {body_length} for raw input"
                     f" '{spec.name}': expecting a multiple of {fixed}"

@@ -248,3 +248,18 @@ def test_tensor_spec_is_an_immutable_value() -> None:
     assert a.request_shape == (1, 3)
     with pytest.raises(AttributeError):
         a.name = "y"
+
+
+def test_raw_bytes_element_too_long_for_a_prefix() -> None:
+    spec = TensorSpec("t", "BYTES", [1])
+    parser = Parser("request", header_length=0, content_length=2**32, raw_input=spec)
+    parser.receive_data(b"abc")
+    with pytest.raises(binproto.RemoteProtocolError) as exc:
+        parser.next_event()
+    assert exc.value.status_hint == 413 and "4-byte length prefix" in exc.value.msg
+
+
+def test_variable_dimension_next_to_a_zero_dimension_cannot_be_deduced() -> None:
+    spec = TensorSpec("x", "FP32", [0, -1])
+    out = run(make(spec, 0), [])
+    assert out.error is not None and "its other dimensions hold no elements" in out.error[1]
