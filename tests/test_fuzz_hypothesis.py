@@ -140,3 +140,26 @@ def test_raw_requests_in_any_chunking(
         assert got.ravel().tolist() == expected.ravel().tolist()
     else:
         assert got.tobytes() == expected.tobytes()
+
+
+TIGHT_LIMITS = st.builds(
+    binproto.Limits,
+    max_header_bytes=st.integers(0, 2000),
+    max_tensors=st.integers(0, 5),
+    max_tensor_bytes=st.integers(0, 300),
+    max_body_bytes=st.integers(0, 3000),
+    max_json_depth=st.integers(0, 6),
+    max_decompressed_bytes=st.integers(0, 3000),
+)
+
+
+@FUZZ
+@given(case=VALID, limits=TIGHT_LIMITS, data=st.data())
+def test_limits_trip_the_same_in_any_chunking(
+    case: Body, limits: binproto.Limits, data: Any
+) -> None:
+    known = data.draw(st.booleans())
+    whole = run(lambda: case.parser(limits=limits, content_length=known), [case.body])
+    assert whole.error is None or whole.error[0] == "RemoteProtocolError"
+    chunks = data.draw(chunkings(case.body))
+    assert run(lambda: case.parser(limits=limits, content_length=known), chunks) == whole
