@@ -18,6 +18,7 @@ import math
 import os
 import platform
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -186,6 +187,14 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
 def run_module(name: str, run_mode: str) -> dict[str, Any]:
     """Run a module in a fresh interpreter; its stdout/stderr pass through."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -195,11 +204,17 @@ def run_module(name: str, run_mode: str) -> dict[str, Any]:
         env = dict(os.environ, **{MODE_ENV: run_mode})
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         t0 = time.perf_counter()
+        # Its own session, so that on a timeout or Ctrl-C the servers a module
+        # started go down with it.
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)
+        code: int | None = None
         try:
-            proc = subprocess.run(cmd, cwd=ROOT, env=env, timeout=TIMEOUT[run_mode], check=False)
-            code: int | None = proc.returncode
+            code = proc.wait(timeout=TIMEOUT[run_mode])
         except subprocess.TimeoutExpired:
-            code = None
+            pass
+        finally:
+            if code is None:
+                _kill_group(proc)
         if out.exists():
             result: dict[str, Any] = json.loads(out.read_text())
         else:
