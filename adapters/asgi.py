@@ -54,7 +54,6 @@ from binproto import (
 )
 from binproto._assemble import Destinations
 from binproto._compression import ENCODINGS
-from binproto._http import header_value
 from binproto._parser import as_byte_view
 
 if TYPE_CHECKING:
@@ -107,15 +106,6 @@ def _scope_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
     return list(scope.get("headers", ()))
 
 
-def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
-    text = header_value(headers, "content-length")
-    if text is None:
-        return None
-    if not (text.isascii() and text.isdigit()) or len(text) > 20:
-        raise RemoteProtocolError(f"invalid Content-Length: {text!r}")
-    return int(text)
-
-
 def parser_from_scope(
     scope: Scope, *, limits: Limits | None = None, strict_bool: bool = True
 ) -> Parser:
@@ -127,20 +117,8 @@ def parser_from_scope(
     :class:`binproto.RemoteProtocolError` for bad values of those headers (a
     content encoding binproto cannot decode has status hint 415).
     """
-    headers = _scope_headers(scope)
-    content_length = _content_length(headers)
-    encoding = binproto.content_encoding_from(headers)
-    # With a content encoding, Content-Length counts the compressed bytes, not
-    # the body the parser sees.
-    body_length = None if encoding is not None else content_length
-    header_length = binproto.header_length_from(headers, content_length=body_length)
-    return Parser(
-        "request",
-        header_length=header_length,
-        content_length=body_length,
-        limits=limits,
-        strict_bool=strict_bool,
-        content_encoding=encoding,
+    return binproto.parser_from_headers(
+        "request", _scope_headers(scope), limits=limits, strict_bool=strict_bool
     )
 
 

@@ -106,20 +106,8 @@ def parser_for(
     (status hint 415 for an unsupported content coding).
     """
     kind: Kind = "request" if isinstance(event, h11.Request) else "response"
-    headers = _headers(event)
-    content_length = content_length_of(event)
-    encoding = binproto.content_encoding_from(headers)
-    # With a content encoding, Content-Length counts compressed bytes: it
-    # bounds the input, not the header length.
-    body_length = content_length if encoding is None else None
-    header_length = binproto.header_length_from(headers, content_length=body_length)
-    return Parser(
-        kind,
-        header_length=header_length,
-        content_length=content_length,
-        limits=limits,
-        strict_bool=strict_bool,
-        content_encoding=encoding,
+    return binproto.parser_from_headers(
+        kind, _headers(event), limits=limits, strict_bool=strict_bool
     )
 
 

@@ -45,7 +45,6 @@ from binproto import (
 )
 from binproto._assemble import Destinations
 from binproto._compression import ENCODINGS
-from binproto._http import header_value
 from binproto._parser import as_byte_view
 from binproto.adapters.h11 import HTTPError, error_message
 
@@ -137,20 +136,8 @@ def parser_for_response(
     ``Content-Encoding`` (gzip and deflate, decoded by binproto) come from the
     response; bad values raise :class:`binproto.RemoteProtocolError`.
     """
-    headers = list(response.headers.raw)
-    text = header_value(headers, "content-length")
-    content_length = int(text) if text is not None and text.isdigit() else None
-    encoding = binproto.content_encoding_from(headers)
-    # With a content encoding, Content-Length counts the compressed bytes.
-    body_length = None if encoding is not None else content_length
-    header_length = binproto.header_length_from(headers, content_length=body_length)
-    return Parser(
-        "response",
-        header_length=header_length,
-        content_length=body_length,
-        limits=limits,
-        strict_bool=strict_bool,
-        content_encoding=encoding,
+    return binproto.parser_from_headers(
+        "response", list(response.headers.raw), limits=limits, strict_bool=strict_bool
     )
 
 

@@ -27,6 +27,7 @@ from ._http import (
     content_encoding_from,
     header_length_from,
     message_headers,
+    parser_from_headers,
 )
 from ._limits import Limits
 from ._parser import Parser, ParserState
@@ -76,5 +77,6 @@ __all__ = [
     "header_length_from",
     "join_bytes",
     "message_headers",
+    "parser_from_headers",
     "split_bytes",
 ]

@@ -6,15 +6,21 @@ from collections.abc import Iterable, Mapping
 
 from ._compression import normalize_encoding, unsupported_encoding
 from ._errors import RemoteProtocolError
+from ._header import Kind
+from ._limits import Limits
+from ._parser import Parser
+from ._raw import TensorSpec
 
 __all__ = [
     "CONTENT_ENCODING_NAME",
     "HEADER_LENGTH_NAME",
     "Headers",
     "content_encoding_from",
+    "content_length_from",
     "header_length_from",
     "header_value",
     "message_headers",
+    "parser_from_headers",
 ]
 
 HEADER_LENGTH_NAME = "Inference-Header-Content-Length"
@@ -116,3 +122,55 @@ def content_encoding_from(headers: Headers) -> str | None:
     if len(codings) > 1:
         raise unsupported_encoding(text)
     return codings[0] if codings else None
+
+
+def content_length_from(headers: Headers) -> int | None:
+    """Read Content-Length from any header mapping or list of pairs (None when absent).
+
+    Raises :class:`RemoteProtocolError` for a value that is not a decimal
+    integer (negative ones included) or is absurdly large.
+    """
+    text = header_value(headers, "Content-Length")
+    if text is None:
+        return None
+    if not text.isascii() or not text.isdigit():
+        raise RemoteProtocolError(f"invalid Content-Length: {text!r}")
+    if len(text) > 20 or int(text) >= _ABSURD:
+        raise RemoteProtocolError(f"Content-Length is absurdly large, got: {text}", status_hint=413)
+    return int(text)
+
+
+def parser_from_headers(
+    kind: Kind,
+    headers: Headers,
+    *,
+    limits: Limits | None = None,
+    strict_bool: bool = True,
+    raw_input: TensorSpec | None = None,
+) -> Parser:
+    """A :class:`Parser` for a body whose HTTP headers are ``headers``.
+
+    ``headers`` is any header mapping or list of (name, value) pairs, ``str`` or
+    ``bytes``. Inference-Header-Content-Length gives the header length,
+    Content-Length the body's length on the wire and Content-Encoding its
+    coding. With a coding, Content-Length counts the compressed bytes: it is
+    passed on as ``content_length`` (the parser ends the compressed input
+    there) but does not bound the header length. ``kind``, ``limits``,
+    ``strict_bool`` and ``raw_input`` are passed to the parser.
+
+    Raises :class:`RemoteProtocolError` for bad values of those headers
+    (status hint 415 for an unsupported content coding).
+    """
+    content_length = content_length_from(headers)
+    encoding = content_encoding_from(headers)
+    body_length = content_length if encoding is None else None
+    header_length = header_length_from(headers, content_length=body_length)
+    return Parser(
+        kind,
+        header_length=header_length,
+        content_length=content_length,
+        limits=limits,
+        strict_bool=strict_bool,
+        content_encoding=encoding,
+        raw_input=raw_input,
+    )

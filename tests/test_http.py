@@ -1,12 +1,15 @@
-"""Reading Inference-Header-Content-Length from HTTP headers."""
+"""Reading the extension's HTTP headers, and parsers built from them."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import numpy as np
 import pytest
 
-from binproto import RemoteProtocolError, header_length_from
+import binproto
+from binproto import Parser, RemoteProtocolError, header_length_from, parser_from_headers
 
 
 @pytest.mark.parametrize(
@@ -57,3 +60,105 @@ def test_conflicting_repeats() -> None:
     with pytest.raises(RemoteProtocolError, match="conflicting"):
         header_length_from([("inference-header-content-length", "1"),
                             ("Inference-Header-Content-Length", "2")])  # fmt: skip
+
+
+# -- parser_from_headers ------------------------------------------------------------
+
+
+def _parse_all(parser: Parser, body: bytes) -> binproto.DecodedMessage:
+    asm = binproto.TensorAssembler()
+    parser.receive_data(body)
+    parser.receive_data(b"")
+    for event in parser.events():
+        asm.feed(event)
+    assert asm.header is not None
+    return binproto.DecodedMessage(header=asm.header, tensors=asm.tensors, shared_memory=())
+
+
+def _request(**kw: Any) -> tuple[binproto.EncodedBody, bytes]:
+    body = binproto.encode_request({"x": np.arange(6, dtype=np.int32)}, **kw)
+    return body, b"".join(bytes(memoryview(b)) for b in body.buffers)
+
+
+def test_parser_from_headers_reads_the_framing_headers() -> None:
+    body, wire = _request()
+    headers = [(str(k), str(v)) for k, v in body.headers]
+    parser = parser_from_headers("request", headers)
+    assert parser.kind == "request"
+    assert parser.header_length == body.header_length
+    assert parser.content_length == len(wire)
+    assert parser.content_encoding is None
+    np.testing.assert_array_equal(_parse_all(parser, wire).tensors["x"], np.arange(6))
+
+
+def test_parser_from_headers_plain_json_and_bytes_names() -> None:
+    wire = json.dumps({"outputs": [{"name": "y", "shape": [1], "datatype": "INT8", "data": [3]}]})
+    headers = {b"content-length": str(len(wire)).encode()}
+    parser = parser_from_headers("response", headers, strict_bool=False)
+    assert parser.header_length is None
+    assert parser.content_length == len(wire)
+    assert parser.strict_bool is False
+    assert _parse_all(parser, wire.encode()).tensors["y"].tolist() == [3]
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_parser_from_headers_compressed_body(encoding: str) -> None:
+    """With a coding, content_length is the compressed length on the wire, and
+    the header length may exceed it (it counts uncompressed JSON)."""
+    body = binproto.encode_request({"x": np.zeros(10_000, dtype=np.float32)})
+    assert body.header_length is not None
+    wire = b"".join(binproto.compress_buffers(body.buffers, encoding))
+    assert len(wire) < body.header_length + 40_000
+    headers = {
+        "Inference-Header-Content-Length": str(body.header_length),
+        "Content-Length": str(len(wire)),
+        "Content-Encoding": encoding.upper(),
+    }
+    parser = parser_from_headers("request", headers)
+    assert parser.content_encoding == encoding
+    assert parser.content_length == len(wire)
+    np.testing.assert_array_equal(_parse_all(parser, wire).tensors["x"], np.zeros(10_000))
+
+
+def test_parser_from_headers_passes_limits_and_raw_input() -> None:
+    limits = binproto.Limits(max_tensor_bytes=8)
+    spec = binproto.TensorSpec("x", "INT32", [-1])
+    data = np.arange(2, dtype=np.int32).tobytes()
+    headers = {"Inference-Header-Content-Length": "0", "Content-Length": str(len(data))}
+    parser = parser_from_headers("request", headers, limits=limits, raw_input=spec)
+    assert parser.limits is limits
+    assert _parse_all(parser, data).tensors["x"].tolist() == [0, 1]
+    too_big = np.arange(3, dtype=np.int32).tobytes()
+    headers["Content-Length"] = str(len(too_big))
+    parser = parser_from_headers("request", headers, limits=limits, raw_input=spec)
+    with pytest.raises(RemoteProtocolError, match="exceeds the limit"):
+        _parse_all(parser, too_big)
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "1.5", "", "0x10", "٣", "1" * 30])
+def test_parser_from_headers_bad_content_length(value: str) -> None:
+    with pytest.raises(RemoteProtocolError, match="Content-Length"):
+        parser_from_headers("request", {"Content-Length": value})
+
+
+@pytest.mark.parametrize(
+    ("headers", "match", "status"),
+    [
+        ({"Content-Encoding": "br"}, "unsupported Content-Encoding 'br'", 415),
+        ({"Inference-Header-Content-Length": "x"}, "Unable to parse", 400),
+        (
+            {"Inference-Header-Content-Length": "11", "Content-Length": "10"},
+            r"range \(0, 10\)",
+            400,
+        ),
+    ],
+)
+def test_parser_from_headers_bad_headers(headers: dict[str, str], match: str, status: int) -> None:
+    with pytest.raises(RemoteProtocolError, match=match) as info:
+        parser_from_headers("request", headers)
+    assert info.value.status_hint == status
+
+
+def test_parser_from_headers_kind_is_checked() -> None:
+    with pytest.raises(binproto.LocalProtocolError):
+        parser_from_headers("reply", {})  # type: ignore[arg-type]
