@@ -28,6 +28,7 @@ from ._http import (
     header_length_from,
     message_headers,
     parser_from_headers,
+    preferred_encoding,
 )
 from ._limits import Limits
 from ._parser import Parser, ParserState
@@ -78,5 +79,6 @@ __all__ = [
     "join_bytes",
     "message_headers",
     "parser_from_headers",
+    "preferred_encoding",
     "split_bytes",
 ]

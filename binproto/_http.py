@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 from ._compression import normalize_encoding, unsupported_encoding
@@ -21,6 +22,7 @@ __all__ = [
     "header_value",
     "message_headers",
     "parser_from_headers",
+    "preferred_encoding",
 ]
 
 HEADER_LENGTH_NAME = "Inference-Header-Content-Length"
@@ -174,3 +176,40 @@ def parser_from_headers(
         content_encoding=encoding,
         raw_input=raw_input,
     )
+
+
+# A q-value as RFC 9110 section 12.4.2 writes it: 0 to 1, at most three decimals.
+_QVALUE = re.compile(r"(?:0(?:\.[0-9]{0,3})?|1(?:\.0{0,3})?)")
+
+
+def preferred_encoding(accept_encoding: str | None) -> str | None:
+    """The content coding to answer with, given a request's Accept-Encoding.
+
+    ``"gzip"`` when the client accepts it, else ``"deflate"`` when it accepts
+    that, else None (send the body as it is). A coding is accepted when listed
+    (case-insensitively; ``x-gzip`` is gzip) with a q-value above 0 or none.
+    ``br``, ``identity``, ``*`` and other codings are ignored, as are entries
+    with a malformed q-value; a coding listed more than once takes its lowest
+    q-value, so a refusal is never overridden. Never raises: a header binproto
+    cannot read only means no compression.
+    """
+    if not accept_encoding:
+        return None
+    weights: dict[str, float] = {}
+    for entry in accept_encoding.split(","):
+        name, *params = (part.strip() for part in entry.split(";"))
+        coding = name.lower()
+        coding = "gzip" if coding == "x-gzip" else coding
+        if coding not in ("gzip", "deflate"):
+            continue
+        q = 1.0
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "q":
+                value = value.strip()
+                q = float(value) if _QVALUE.fullmatch(value) else 0.0
+        weights[coding] = min(q, weights.get(coding, q))
+    for coding in ("gzip", "deflate"):
+        if weights.get(coding, 0.0) > 0:
+            return coding
+    return None

@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 import binproto
-from binproto import Parser, RemoteProtocolError, header_length_from, parser_from_headers
+from binproto import (
+    Parser,
+    RemoteProtocolError,
+    header_length_from,
+    parser_from_headers,
+    preferred_encoding,
+)
 
 
 @pytest.mark.parametrize(
@@ -162,3 +168,38 @@ def test_parser_from_headers_bad_headers(headers: dict[str, str], match: str, st
 def test_parser_from_headers_kind_is_checked() -> None:
     with pytest.raises(binproto.LocalProtocolError):
         parser_from_headers("reply", {})  # type: ignore[arg-type]
+
+
+# -- preferred_encoding ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("accept", "expected"),
+    [
+        (None, None),
+        ("", None),
+        ("gzip", "gzip"),
+        ("GZIP", "gzip"),
+        ("x-gzip", "gzip"),
+        ("deflate", "deflate"),
+        ("gzip, deflate, br", "gzip"),
+        ("deflate, gzip", "gzip"),
+        ("gzip;q=0, deflate", "deflate"),
+        ("gzip; q=0.000, deflate;q=0.5", "deflate"),
+        ("gzip;q=0.001", "gzip"),
+        ("GZip ; Q=1.0", "gzip"),
+        ("gzip;q=0, deflate;q=0", None),
+        ("br", None),
+        ("identity", None),
+        ("*", None),
+        ("*;q=1, br", None),
+        ("compress, zstd;q=1", None),
+        ("gzip;q=2", None),  # malformed q-values refuse the entry
+        ("gzip;q=abc, deflate", "deflate"),
+        ("gzip;q=, deflate", "deflate"),
+        ("gzip;q=0, gzip", None),  # the refusal wins
+        (" , ;, gzip;level=9", "gzip"),
+    ],
+)
+def test_preferred_encoding(accept: str | None, expected: str | None) -> None:
+    assert preferred_encoding(accept) == expected
