@@ -4,6 +4,7 @@ invalid bodies, random bytes, in hypothesis-chosen chunkings."""
 from __future__ import annotations
 
 import gzip
+import os
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,12 @@ from binproto.testing import (
 )
 from tests.helpers import run
 
-FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# 200 examples per test in the suite; set BINPROTO_FUZZ_EXAMPLES for a longer run.
+FUZZ = settings(
+    max_examples=int(os.environ.get("BINPROTO_FUZZ_EXAMPLES", "200")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 VALID = st.one_of(
     request_bodies(encodings=(None, "gzip", "deflate")),
