@@ -40,6 +40,8 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from binproto import Limits
+
 from ._client import ClientCore, ResponseStream
 from ._server import V2Server
 
@@ -379,7 +381,13 @@ class Client(ClientCore):
                     ...
 
     ``zero_copy`` receives response tensors straight into their arrays;
-    ``timeout`` bounds each wait for the server's bytes.
+    ``timeout`` bounds each wait for the server's bytes; ``limits`` applies to
+    response bodies. ``accept_encoding`` (e.g. ``"gzip, deflate"``) is sent as
+    ``Accept-Encoding``: compressed responses are decompressed as they are
+    read, within ``limits`` (mostly-zero tensors expand more than the default
+    ``max_decompression_ratio``: raise it for them); ``request_encoding``
+    (``"gzip"`` or ``"deflate"``) compresses request bodies (see
+    :class:`~binproto.adapters._client.ClientCore`).
     """
 
     def __init__(
@@ -389,8 +397,18 @@ class Client(ClientCore):
         *,
         zero_copy: bool = True,
         timeout: float | None = None,
+        limits: Limits | None = None,
+        accept_encoding: str | None = None,
+        request_encoding: str | None = None,
     ) -> None:
         async def open_stream() -> Any:
             return await connect(host, port, zero_copy=zero_copy, timeout=timeout)
 
-        super().__init__(open_stream, host=f"{host}:{port}", zero_copy=zero_copy)
+        super().__init__(
+            open_stream,
+            host=f"{host}:{port}",
+            zero_copy=zero_copy,
+            limits=limits,
+            accept_encoding=accept_encoding,
+            request_encoding=request_encoding,
+        )

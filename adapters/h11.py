@@ -12,6 +12,7 @@ three things:
   ``Connection.send``; each tensor buffer goes through
   ``Connection.send_with_data_passthrough``, which hands back the very object
   it was given, ready for ``socket.sendmsg`` or ``writelines``;
+* the same for a compressed body (:func:`send_compressed`), a piece at a time;
 * V2 error bodies (``{"error": "..."}``) for a :class:`binproto.ProtocolError`.
 
 Typical server loop::
@@ -57,6 +58,7 @@ __all__ = [
     "request_for",
     "response_for",
     "send_body",
+    "send_compressed",
     "send_data",
     "send_message",
 ]
@@ -187,10 +189,18 @@ def send_message(
     return [first, *send_body(conn, body)]
 
 
-def _header_list(body: EncodedBody | None, extra: Iterable[tuple[str, str]]) -> list[Any]:
+def _header_list(
+    body: EncodedBody | None, extra: Iterable[tuple[str, str]], encoding: str | None = None
+) -> list[Any]:
     headers: list[tuple[str, str]] = []
     if body is not None:
-        headers.extend((str(k), str(v)) for k, v in body.headers)
+        for k, v in body.headers:
+            # A compressed body's length is not known before it is sent.
+            if encoding is not None and str(k).lower() == "content-length":
+                continue
+            headers.append((str(k), str(v)))
+    if encoding is not None:
+        headers.append(("Content-Encoding", encoding))
     headers.extend(extra)
     return headers
 
@@ -202,19 +212,60 @@ def request_for(
     host: str = "localhost",
     method: str = "POST",
     headers: Iterable[tuple[str, str]] = (),
+    encoding: str | None = None,
 ) -> h11.Request:
-    """An ``h11.Request`` head for ``body`` (its framing headers included)."""
+    """An ``h11.Request`` head for ``body`` (its framing headers included).
+
+    With ``encoding`` (``"gzip"`` or ``"deflate"``) the head is for the body
+    compressed (:func:`send_compressed`): ``Content-Encoding`` and chunked
+    framing instead of ``Content-Length``.
+    """
     extra = [("Host", host), *headers]
     if body is None and method == "POST":
         extra.append(("Content-Length", "0"))
-    return h11.Request(method=method, target=target, headers=_header_list(body, extra))
+    if encoding is not None:
+        extra.append(("Transfer-Encoding", "chunked"))
+    return h11.Request(method=method, target=target, headers=_header_list(body, extra, encoding))
 
 
 def response_for(
-    status: int, body: EncodedBody | None, *, headers: Iterable[tuple[str, str]] = ()
+    status: int,
+    body: EncodedBody | None,
+    *,
+    headers: Iterable[tuple[str, str]] = (),
+    encoding: str | None = None,
 ) -> h11.Response:
-    """An ``h11.Response`` head for ``body`` (its framing headers included)."""
-    return h11.Response(status_code=status, headers=_header_list(body, headers))
+    """An ``h11.Response`` head for ``body`` (its framing headers included).
+
+    With ``encoding`` the head is for the body compressed
+    (:func:`send_compressed`): ``Content-Encoding`` and no ``Content-Length``,
+    so h11 frames it with chunked transfer coding (or, for an HTTP/1.0 peer,
+    by closing the connection).
+    """
+    return h11.Response(status_code=status, headers=_header_list(body, headers, encoding))
+
+
+def send_compressed(
+    conn: h11.Connection, body: EncodedBody | Sequence[Any], encoding: str, *, level: int = 1
+) -> Iterator[list[Any]]:
+    """The pieces to write for ``body`` compressed with ``encoding``, a batch at a time.
+
+    A head from :func:`request_for` / :func:`response_for` with the same
+    ``encoding`` has been sent. The body goes through
+    :func:`binproto.compress_buffers` (``level`` as there), and each batch
+    holds one compressed piece with h11's framing: write a batch before taking
+    the next, so the compressed body is never held whole. The last batch ends
+    the message.
+    """
+    held: list[Any] = []
+    for piece in binproto.compress_buffers(_buffers(body), encoding, level=level):
+        if held:
+            yield held
+        held = send_data(conn, piece)
+    tail = conn.send(h11.EndOfMessage())
+    if tail:
+        held.append(tail)
+    yield held
 
 
 def error_response(

@@ -41,6 +41,7 @@ from typing import Any
 
 import trio
 
+from binproto import Limits
 from binproto._parser import as_byte_view
 
 from ._client import ClientCore, ResponseStream
@@ -194,7 +195,13 @@ class Client(ClientCore):
                     ...
 
     ``zero_copy`` receives response tensors straight into their arrays;
-    ``timeout`` bounds each wait for the server's bytes. For another kind of
+    ``timeout`` bounds each wait for the server's bytes; ``limits`` applies to
+    response bodies. ``accept_encoding`` (e.g. ``"gzip, deflate"``) is sent as
+    ``Accept-Encoding``: compressed responses are decompressed as they are
+    read, within ``limits`` (mostly-zero tensors expand more than the default
+    ``max_decompression_ratio``: raise it for them); ``request_encoding``
+    (``"gzip"`` or ``"deflate"``) compresses request bodies (see
+    :class:`~binproto.adapters._client.ClientCore`). For another kind of
     trio stream (TLS, say), give :class:`~binproto.adapters._client.ClientCore`
     an ``open_stream`` that returns :func:`wrap` of it.
     """
@@ -206,8 +213,18 @@ class Client(ClientCore):
         *,
         zero_copy: bool = True,
         timeout: float | None = None,
+        limits: Limits | None = None,
+        accept_encoding: str | None = None,
+        request_encoding: str | None = None,
     ) -> None:
         async def open_stream() -> TrioStream:
             return await connect(host, port, zero_copy=zero_copy, timeout=timeout)
 
-        super().__init__(open_stream, host=f"{host}:{port}", zero_copy=zero_copy)
+        super().__init__(
+            open_stream,
+            host=f"{host}:{port}",
+            zero_copy=zero_copy,
+            limits=limits,
+            accept_encoding=accept_encoding,
+            request_encoding=request_encoding,
+        )

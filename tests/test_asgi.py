@@ -293,6 +293,47 @@ def test_large_buffer_is_sent_as_bounded_views() -> None:
     assert rec.body() == bytes(body)
 
 
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "GZIP"])
+def test_encoded_response_compresses_piece_by_piece(encoding: str) -> None:
+    rng = np.random.default_rng(2)
+    a = rng.integers(0, 4, size=3 * MiB, dtype=np.uint8)
+    body = binproto.encode_response({"a": a}, model_name="m")
+    rec = Recorder()
+    response = asgi.EncodedResponse(body, headers={"x-extra": "1"}, encoding=encoding)
+    asyncio.run(response({"type": "http"}, _no_receive, rec))
+    coding = encoding.lower()
+    headers = rec.headers
+    assert "content-length" not in headers
+    assert headers["content-encoding"] == coding
+    assert headers["vary"] == "Accept-Encoding"
+    assert headers["inference-header-content-length"] == str(body.header_length)
+    assert headers["x-extra"] == "1"
+    # Sent as it is produced: several pieces, each smaller than the body.
+    sizes = [len(b) for b in rec.bodies[:-1]]
+    assert len(sizes) > 1 and max(sizes) < a.nbytes // 2
+    assert rec.messages[-1]["more_body"] is False
+    decoded = binproto.decode_response(
+        rec.body(), header_length=body.header_length, content_encoding=coding
+    )
+    np.testing.assert_array_equal(decoded.tensors["a"], a)
+
+
+@pytest.mark.parametrize("encoding", [None, "identity"])
+def test_encoded_response_without_encoding_is_unchanged(encoding: str | None) -> None:
+    body = binproto.encode_response({"a": np.arange(5, dtype=np.int16)}, model_name="m")
+    rec = Recorder()
+    asyncio.run(asgi.EncodedResponse(body, encoding=encoding)({"type": "http"}, _no_receive, rec))
+    assert rec.headers["content-length"] == str(body.content_length)
+    assert "content-encoding" not in rec.headers
+    assert rec.body() == bytes(body)
+
+
+def test_encoded_response_rejects_unknown_encodings() -> None:
+    body = binproto.encode_response({"a": np.arange(5, dtype=np.int16)}, model_name="m")
+    with pytest.raises(binproto.LocalProtocolError, match="encoding"):
+        asgi.EncodedResponse(body, encoding="br")
+
+
 def stream_header(n: int) -> dict[str, Any]:
     return {
         "model_name": "m",
@@ -595,6 +636,56 @@ def test_tritonclient_aio(server: Server) -> None:
             await client.close()
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize(
+    ("accept", "request_encoding", "expected"),
+    [
+        ("gzip, deflate", "gzip", "gzip"),
+        ("deflate", "deflate", "deflate"),
+        ("br", "gzip", None),
+        (None, None, None),
+    ],
+)
+def test_binproto_client_compression_against_the_example(
+    server: Server, accept: str | None, request_encoding: str | None, expected: str | None
+) -> None:
+    from binproto.adapters.asyncio import Client
+
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 8, size=(200, 500), dtype=np.uint8)
+    s = np.array([b"\xff", b"", b"text"], dtype=np.object_)
+    address, port = host(server).rsplit(":", 1)
+
+    async def go() -> None:
+        async with Client(
+            address, int(port), accept_encoding=accept, request_encoding=request_encoding
+        ) as c:
+            for _ in range(2):
+                async with c.stream("echo", {"x": x, "s": s}, binary_data_output=True) as r:
+                    headers = {k.decode(): v.decode() for k, v in r.http.headers}
+                    assert headers.get("content-encoding") == expected
+                    out = await r.tensors()
+                assert arrays_equal(out["x"], x) and arrays_equal(out["s"], s)
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_tritonclient_compressed_response(server: Server, algorithm: str) -> None:
+    arrays = {dt: triton_sample(dt) for dt in ("FP32", "INT64", "BYTES", "BOOL")}
+    inputs = []
+    for dt, arr in arrays.items():
+        inp = triton_http.InferInput(dt.lower(), list(arr.shape), dt)
+        inp.set_data_from_numpy(arr)
+        inputs.append(inp)
+    client = triton_http.InferenceServerClient(host(server))
+    try:
+        result = client.infer("echo", inputs, response_compression_algorithm=algorithm)
+    finally:
+        client.close()
+    for dt, arr in arrays.items():
+        assert arrays_equal(result.as_numpy(dt.lower()), arr), dt
 
 
 # -- 256 MiB each way, bounded server memory -------------------------------------------

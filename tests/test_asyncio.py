@@ -521,6 +521,120 @@ def test_streaming_response(server: ServerThread) -> None:
     np.testing.assert_array_equal(out["y"], np.arange(n, dtype=np.float32))
 
 
+def _coding(response: Any) -> str | None:
+    """The Content-Encoding of a client's ResponseStream (None when absent)."""
+    values = [v.decode() for k, v in response.http.headers if k == b"content-encoding"]
+    return values[0] if values else None
+
+
+@pytest.mark.parametrize(
+    ("accept", "request_encoding", "expected"),
+    [
+        ("gzip, deflate", "gzip", "gzip"),
+        ("deflate", "deflate", "deflate"),
+        ("GZIP;q=0, deflate;q=0.5", None, "deflate"),
+        ("br", "gzip", None),  # nothing binproto produces: sent as it is
+        (None, "deflate", None),
+    ],
+)
+def test_client_and_server_compress(
+    server: ServerThread, accept: str | None, request_encoding: str | None, expected: str | None
+) -> None:
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 8, size=(300, 700), dtype=np.uint8)  # compresses, a little
+    f = rng.standard_normal(1000).astype(np.float32)
+
+    async def main() -> None:
+        async with Client(
+            "127.0.0.1", server.port, accept_encoding=accept, request_encoding=request_encoding
+        ) as c:
+            for _ in range(2):  # the connection serves on after each
+                async with c.stream("echo", {"x": x, "f": f}, binary_data_output=True) as r:
+                    assert _coding(r) == expected
+                    headers = {k.decode(): v.decode() for k, v in r.http.headers}
+                    assert ("content-length" in headers) == (expected is None)
+                    out = await r.tensors()
+                np.testing.assert_array_equal(out["x"], x)
+                np.testing.assert_array_equal(out["f"], f)
+            # Streamed responses and error responses are never compressed.
+            async with c.stream("ramp", {"n": np.array([300_000])}) as r:
+                assert _coding(r) is None
+                y = (await r.tensors())["y"]
+            np.testing.assert_array_equal(y, np.arange(300_000, dtype=np.float32))
+            with pytest.raises(HTTPError) as info:
+                await c.infer("nope", {"x": x})
+            assert info.value.status == 404 and "unknown model" in info.value.message
+
+    run(main())
+
+
+def test_mostly_zero_compressed_response_needs_a_higher_ratio_limit(server: ServerThread) -> None:
+    """Zeros compress over 200 times even at level 1: the client's default
+    ``max_decompression_ratio`` refuses them (413); a higher limit takes them."""
+    x = np.zeros(1 << 20, dtype=np.float32)
+
+    async def main() -> None:
+        async with Client("127.0.0.1", server.port, accept_encoding="gzip") as c:
+            with pytest.raises(binproto.RemoteProtocolError, match="expands more than") as info:
+                await c.infer("echo", {"x": x}, binary_data_output=True)
+            assert info.value.status_hint == 413
+        limits = binproto.Limits(max_decompression_ratio=2000)
+        async with Client("127.0.0.1", server.port, accept_encoding="gzip", limits=limits) as c:
+            out = await c.infer("echo", {"x": x}, binary_data_output=True)
+        np.testing.assert_array_equal(out["x"], x)
+
+    run(main())
+
+
+def test_client_rejects_unknown_request_encoding() -> None:
+    with pytest.raises(binproto.LocalProtocolError, match="request_encoding"):
+        Client("127.0.0.1", 1, request_encoding="br")
+
+
+def test_server_with_compression_off_never_compresses() -> None:
+    x = np.zeros(100_000, dtype=np.float32)
+
+    async def main() -> None:
+        srv = await start_server(V2Server(compress_responses=False), port=0)
+        port = srv.sockets[0].getsockname()[1]
+        async with Client("127.0.0.1", port, accept_encoding="gzip, deflate") as c:
+            async with c.stream("echo", {"x": x}, binary_data_output=True) as r:
+                assert _coding(r) is None
+                np.testing.assert_array_equal((await r.tensors())["x"], x)
+        client = aioclient.InferenceServerClient(f"127.0.0.1:{port}")
+        try:  # (the aio client always accepts gzip)
+            inp = aioclient.InferInput("x", list(x.shape), "FP32")
+            inp.set_data_from_numpy(x)
+            result = await client.infer("echo", [inp], response_compression_algorithm="gzip")
+            np.testing.assert_array_equal(result.as_numpy("x"), x)
+        finally:
+            await client.close()
+        srv.close()
+        await srv.wait_closed()
+
+    run(main())
+    with pytest.raises(binproto.LocalProtocolError, match="compression_level"):
+        V2Server(compression_level=10)
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_tritonclient_compressed_response(server: ServerThread, algorithm: str) -> None:
+    items = [(dt, dt, arr) for dt, arr in NUMERIC] + [("raw", "BYTES", NON_UTF8)]
+    inputs = []
+    for name, datatype, arr in items:
+        inp = httpclient.InferInput(name, list(arr.shape), datatype)
+        inp.set_data_from_numpy(arr, binary_data=True)
+        inputs.append(inp)
+    client = _triton(server.port)
+    try:
+        result = client.infer("echo", inputs, response_compression_algorithm=algorithm)
+    finally:
+        client.close()
+    for dt, arr in NUMERIC:
+        np.testing.assert_array_equal(result.as_numpy(dt), arr)
+    assert _as_bytes(result.as_numpy("raw")) == list(NON_UTF8)
+
+
 def test_client_reads_only_as_fast_as_the_consumer_takes_events(server: ServerThread) -> None:
     n = 16 << 20  # 64 MiB of FP32
 

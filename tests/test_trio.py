@@ -806,3 +806,141 @@ def test_any_trio_stream_in_memory() -> None:
             assert same(got["x"], x) and same(got["s"], s) and same(again["x"], x[:3])
 
     trio.run(main)
+
+
+# -- compression -----------------------------------------------------------------------
+
+
+def _coding(response: Any) -> str | None:
+    """The Content-Encoding of a client's ResponseStream (None when absent)."""
+    values = [v.decode() for k, v in response.http.headers if k == b"content-encoding"]
+    return values[0] if values else None
+
+
+@pytest.mark.parametrize(
+    ("accept", "request_encoding", "expected"),
+    [
+        ("gzip, deflate", None, "gzip"),
+        ("deflate", "gzip", "deflate"),
+        ("gzip;q=0, deflate", "deflate", "deflate"),
+        ("br", None, None),  # nothing binproto produces: sent as it is
+        (None, "gzip", None),
+    ],
+)
+@pytest.mark.parametrize("zero_copy", [True, False], ids=["recv_into", "receive_some"])
+def test_client_and_server_compress(
+    accept: str | None, request_encoding: str | None, expected: str | None, zero_copy: bool
+) -> None:
+    x = np.arange(50_000, dtype=np.int32).reshape(500, 100)
+    s = np.array([b"\xff\x00", b"", b"abc"], dtype=np.object_)
+
+    async def test(port: int) -> None:
+        async with bt.Client(
+            "127.0.0.1",
+            port,
+            zero_copy=zero_copy,
+            accept_encoding=accept,
+            request_encoding=request_encoding,
+        ) as c:
+            for _ in range(2):  # the connection serves on after each
+                async with c.stream("echo", {"x": x, "s": s}, binary_data_output=True) as r:
+                    assert _coding(r) == expected
+                    headers = {k.decode(): v.decode() for k, v in r.http.headers}
+                    if expected is None:
+                        assert "content-length" in headers
+                    else:
+                        assert headers["vary"] == "Accept-Encoding"
+                        assert headers["transfer-encoding"] == "chunked"
+                        assert "content-length" not in headers
+                    out = await r.tensors()
+                assert same(out["x"], x) and same(out["s"], s)
+            # Error responses are never compressed.
+            with pytest.raises(HTTPError) as info:
+                await c.infer("nope", {"x": x})
+            assert info.value.status == 404 and "unknown model" in info.value.message
+
+    run_trio(test, zero_copy=zero_copy)
+
+
+def test_server_with_compression_off_never_compresses() -> None:
+    x = np.zeros(100_000, dtype=np.float32)
+
+    async def test(port: int) -> None:
+        async with bt.Client("127.0.0.1", port, accept_encoding="gzip, deflate") as c:
+            async with c.stream("echo", {"x": x}, binary_data_output=True) as r:
+                assert _coding(r) is None
+                assert same((await r.tensors())["x"], x)
+        sync = triton_http.InferenceServerClient(f"127.0.0.1:{port}")
+        try:
+            inp = triton_http.InferInput("x", list(x.shape), "FP32")
+            inp.set_data_from_numpy(x)
+            result = await trio.to_thread.run_sync(
+                functools.partial(sync.infer, "echo", [inp], response_compression_algorithm="gzip")
+            )
+            assert same(result.as_numpy("x"), x)
+        finally:
+            sync.close()
+
+    async def main() -> None:
+        server = V2Server(compress_responses=False)
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(functools.partial(bt.serve, server))
+            await test(port)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_server_compresses_for_tritonclient(port: int) -> None:
+    """The sync client asks for a coding; the aio client always sends
+    ``Accept-Encoding: gzip, deflate, br`` and gets gzip."""
+    arrays = {dt: triton_sample(dt) for dt in ("FP32", "INT64", "BOOL")}
+    arrays["BYTES"] = np.array([[b"\xff\x00"], [b""], [b"abc"]], dtype=np.object_)
+    for algorithm in ("gzip", "deflate"):
+        client = triton_http.InferenceServerClient(f"127.0.0.1:{port}")
+        try:
+            inputs = []
+            for dt, arr in arrays.items():
+                inp = triton_http.InferInput(dt.lower(), list(arr.shape), dt)
+                inp.set_data_from_numpy(arr)
+                inputs.append(inp)
+            result = client.infer("echo", inputs, response_compression_algorithm=algorithm)
+            for dt, arr in arrays.items():
+                assert same(result.as_numpy(dt.lower()), arr), (algorithm, dt)
+        finally:
+            client.close()
+
+    async def aio() -> None:
+        client = triton_aio.InferenceServerClient(f"127.0.0.1:{port}")
+        try:
+            inputs = []
+            for dt, arr in arrays.items():
+                inp = triton_aio.InferInput(dt.lower(), list(arr.shape), dt)
+                inp.set_data_from_numpy(arr)
+                inputs.append(inp)
+            result = await client.infer("echo", inputs)
+            for dt, arr in arrays.items():
+                assert same(result.as_numpy(dt.lower()), arr), dt
+        finally:
+            await client.close()
+
+    asyncio.run(aio())
+
+
+def test_compressed_response_to_an_http_1_0_peer_ends_with_the_connection(port: int) -> None:
+    x = np.arange(1000, dtype=np.int32)
+    body = binproto.encode_request({"x": x}, binary_data_output=True)
+    head = ["POST /v2/models/echo/infer HTTP/1.0", "Accept-Encoding: gzip"]
+    head += [f"{k}: {v}" for k, v in body.headers]
+    with connect(port) as sock:
+        sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + bytes(body))
+        data = read_all(sock)  # the body ends when the server closes
+    head_bytes, _, payload = data.partition(b"\r\n\r\n")
+    lines = head_bytes.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])}
+    assert lines[0].split()[1] == "200"
+    assert headers["content-encoding"] == "gzip"
+    assert "content-length" not in headers and "transfer-encoding" not in headers
+    hl = int(headers["inference-header-content-length"])
+    decoded = binproto.decode_response(payload, header_length=hl, content_encoding="gzip")
+    assert same(decoded.tensors["x"], x)
