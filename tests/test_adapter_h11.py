@@ -27,6 +27,7 @@ from binproto.adapters.h11 import (
     request_for,
     response_for,
     send_body,
+    send_compressed,
     send_data,
     send_message,
 )
@@ -283,3 +284,68 @@ def test_feed_end_of_message_ends_the_body() -> None:
     feed(parser, h11.EndOfMessage())
     assert type(parser.next_event()) is MessageComplete
     assert events
+
+
+# -- compressed bodies ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+@pytest.mark.parametrize("chunk", [1, 7, 1 << 20])
+def test_compressed_request_through_h11(encoding: str, chunk: int) -> None:
+    inputs = _inputs()
+    body = binproto.encode_request(inputs)
+    conn = h11.Connection(h11.CLIENT)
+    head = request_for("/v2/models/m/infer", body, encoding=encoding)
+    headers = {k.decode(): v.decode() for k, v in head.headers}
+    assert headers["content-encoding"] == encoding
+    assert headers["transfer-encoding"] == "chunked"
+    assert "content-length" not in headers
+    wire = bytearray(conn.send(head) or b"")
+    for batch in send_compressed(conn, body, encoding):
+        wire += b"".join(bytes(p) for p in batch)
+    assert conn.our_state is h11.DONE
+    head_in, events = _server_side(bytes(wire), chunk)
+    parser = parser_for(head_in)
+    assert parser.content_encoding == encoding
+    assert parser.header_length == body.header_length
+    asm = TensorAssembler()
+    for ev in events:
+        for out in receive_events(parser, ev):
+            asm.feed(out)
+    assert parser.state is binproto.ParserState.DONE
+    for name, arr in inputs.items():
+        np.testing.assert_array_equal(asm.tensors[name], arr)
+
+
+def test_send_compressed_yields_bounded_batches() -> None:
+    """Each batch holds one compressed piece: the body is never compressed whole."""
+    x = np.random.default_rng(0).integers(0, 4, size=5 * PIECE, dtype=np.uint8)
+    body = binproto.encode_response({"x": x}, model_name="m")
+    server = h11.Connection(h11.SERVER)
+    server.receive_data(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n")
+    assert type(server.next_event()) is h11.Request
+    assert type(server.next_event()) is h11.EndOfMessage
+    head = response_for(200, body, encoding="gzip")
+    assert b"content-length" not in [k for k, _ in head.headers]
+    first = server.send(head)
+    assert first is not None and b"transfer-encoding: chunked" in first.lower()
+    batches = [b"".join(bytes(p) for p in batch) for batch in send_compressed(server, body, "gzip")]
+    assert len(batches) > 2
+    assert max(len(b) for b in batches) < 2 * PIECE
+    client = h11.Connection(h11.CLIENT)
+    client.send(
+        h11.Request(method="POST", target="/", headers=[("Host", "a"), ("Content-Length", "0")])
+    )
+    client.send(h11.EndOfMessage())
+    client.receive_data(first + b"".join(batches))
+    response = client.next_event()
+    assert isinstance(response, h11.Response)
+    parser = parser_for(response)
+    asm = TensorAssembler()
+    while (ev := client.next_event()) is not h11.NEED_DATA:
+        if isinstance(ev, (h11.Data, h11.EndOfMessage)):
+            for out in receive_events(parser, ev):
+                asm.feed(out)
+        if type(ev) is h11.EndOfMessage:
+            break
+    np.testing.assert_array_equal(asm.tensors["x"], x)
