@@ -177,6 +177,11 @@ class ClientCore:
             await self.aclose()
             raise
         self._next_cycle(conn)
+        if self._stream_to_close:
+            # The server closes after this response: so do we, and the next
+            # call opens a new connection.
+            self._stream_to_close = False
+            await self.aclose()
         return head.status_code, data
 
     async def _small_body(self, stream: ByteStream, conn: h11.Connection) -> bytes:

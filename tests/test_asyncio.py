@@ -702,6 +702,42 @@ def test_client_reconnects_after_connection_close() -> None:
     assert not thread.is_alive()
 
 
+def _closing_get_server(listener: socket.socket, count: int) -> None:
+    """Answer ``count`` connections with one GET response each, saying Connection: close."""
+    for i in range(count):
+        sock, _ = listener.accept()
+        with sock:
+            conn = h11.Connection(h11.SERVER)
+            while type(event := conn.next_event()) is not h11.EndOfMessage:
+                if event is h11.NEED_DATA:
+                    conn.receive_data(sock.recv(65536))
+            payload = json.dumps({"connection": i}).encode()
+            head = h11.Response(
+                status_code=200,
+                headers=[("Content-Length", str(len(payload))), ("Connection", "close")],
+            )
+            sock.sendall(conn.send(head) + conn.send(h11.Data(data=payload)))
+            sock.sendall(conn.send(h11.EndOfMessage()) or b"")
+
+
+def test_get_reconnects_after_connection_close() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    thread = threading.Thread(target=_closing_get_server, args=(listener, 3), daemon=True)
+    thread.start()
+
+    async def main() -> list[Any]:
+        async with Client("127.0.0.1", port) as c:
+            return [json.loads((await c.get("/v2"))[1]) for _ in range(3)]
+
+    try:
+        bodies = run(main())
+    finally:
+        thread.join(10)
+        listener.close()
+    assert bodies == [{"connection": i} for i in range(3)]  # one connection each
+
+
 def test_zero_copy_receive_on_the_server(server: ServerThread) -> None:
     x = np.random.default_rng(0).standard_normal((1024, 1024)).astype(np.float32)
     out = run(_call(server.port, "into", {"x": x}))

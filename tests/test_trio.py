@@ -944,3 +944,40 @@ def test_compressed_response_to_an_http_1_0_peer_ends_with_the_connection(port: 
     hl = int(headers["inference-header-content-length"])
     decoded = binproto.decode_response(payload, header_length=hl, content_encoding="gzip")
     assert same(decoded.tensors["x"], x)
+
+
+# -- the client after a server's Connection: close --------------------------------------
+
+
+def closing_get_server(listener: socket.socket, count: int) -> None:
+    """Answer ``count`` connections with one GET response each, saying Connection: close."""
+    for i in range(count):
+        sock, _ = listener.accept()
+        with sock:
+            sock.settimeout(10)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += sock.recv(65536)
+            payload = json.dumps({"connection": i}).encode()
+            head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+            sock.sendall(head.encode() + payload)
+
+
+def test_get_reconnects_after_connection_close() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    thread = threading.Thread(target=closing_get_server, args=(listener, 3), daemon=True)
+    thread.start()
+    bodies: list[Any] = []
+
+    async def main() -> None:
+        async with bt.Client("127.0.0.1", port) as c:
+            for _ in range(3):
+                bodies.append(json.loads((await c.get("/v2"))[1]))
+
+    try:
+        trio.run(main)
+    finally:
+        thread.join(10)
+        listener.close()
+    assert bodies == [{"connection": i} for i in range(3)]  # one connection each
