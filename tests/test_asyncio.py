@@ -848,6 +848,43 @@ def test_peer_stalls_mid_body_while_others_are_served(server: ServerThread) -> N
     assert_served(server.port)
 
 
+def test_get_to_infer_keeps_the_connection(server: ServerThread) -> None:
+    """A bodyless GET to the infer endpoint gets 405 and the connection serves on."""
+    x = np.arange(100, dtype=np.int32)
+    conn = h11.Connection(h11.CLIENT)
+
+    def exchange(sock: socket.socket, pieces: list[Any]) -> tuple[h11.Response, bytes]:
+        for piece in pieces:
+            sock.sendall(piece)
+        head: h11.Response | None = None
+        body = bytearray()
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                conn.receive_data(sock.recv(65536))
+            elif type(event) is h11.Response:
+                head = event
+            elif type(event) is h11.Data:
+                body += event.data
+            elif type(event) is h11.EndOfMessage:
+                assert head is not None
+                return head, bytes(body)
+
+    with _connect(server.port) as sock:
+        get = request_for("/v2/models/echo/infer", None, method="GET")
+        head, body = exchange(sock, [conn.send(get), conn.send(h11.EndOfMessage())])
+        assert head.status_code == 405 and b"not allowed" in body
+        assert (b"connection", b"close") not in list(head.headers)
+        conn.start_next_cycle()  # h11 agrees: the connection goes on
+        encoded = binproto.encode_request({"x": x}, binary_data_output=True)
+        head, body = exchange(
+            sock, send_message(conn, request_for(get.target.decode(), encoded), encoded)
+        )
+    assert head.status_code == 200
+    hl = binproto.header_length_from(head.headers)
+    np.testing.assert_array_equal(binproto.decode_response(body, header_length=hl).tensors["x"], x)
+
+
 def test_peer_sends_more_than_content_length(server: ServerThread) -> None:
     x = np.arange(5, dtype=np.int32)
     wire = _request_bytes({"x": x})

@@ -301,9 +301,13 @@ def test_errors_are_v2_error_responses_and_the_client_keeps_working() -> None:
             assert status == 404 and json.loads(body) == {"error": "Not Found"}
             assert same((await c.infer("echo", {"x": x}))["x"], x)
         async with bt.Client("127.0.0.1", port) as c:
-            # Last on its connection: the server closes it after this answer.
+            # A bodyless GET to the infer endpoint: 405, and the connection serves on.
             status, body = await c.get("/v2/models/echo/infer")
             assert status == 405 and "not allowed" in json.loads(body)["error"]
+            stream = c._stream
+            assert stream is not None
+            assert same((await c.infer("echo", {"x": x}))["x"], x)
+            assert c._stream is stream
 
     run_trio(test)
 
