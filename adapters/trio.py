@@ -34,9 +34,9 @@ Client::
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import trio
@@ -63,16 +63,23 @@ class TrioStream:
     """A :class:`~binproto.adapters._server.ByteStream` over any ``trio.abc.Stream``.
 
     ``timeout`` bounds each wait for the peer: one receive, or the sending of
-    one buffer (None: no bound); past it :class:`trio.TooSlowError` is raised.
+    one buffer (None: no bound); past it :class:`TimeoutError` is raised (not
+    trio's ``TooSlowError``), which the server answers with 408.
     """
 
     def __init__(self, stream: trio.abc.Stream, timeout: float | None = None) -> None:
         self.stream = stream
         self.timeout = timeout
 
-    def _deadline(self) -> AbstractContextManager[object]:
-        # A scope with an infinite deadline when there is no timeout.
-        return trio.fail_after(self.timeout if self.timeout is not None else math.inf)
+    @contextlib.contextmanager
+    def _deadline(self) -> Iterator[None]:
+        # trio says TooSlowError; the ByteStream contract (and the server's
+        # 408) wants TimeoutError, as asyncio raises. No timeout: no deadline.
+        try:
+            with trio.fail_after(self.timeout if self.timeout is not None else math.inf):
+                yield
+        except trio.TooSlowError:
+            raise TimeoutError(f"no bytes from the peer within {self.timeout} s") from None
 
     async def receive_some(self, max_bytes: int) -> bytes:
         """Up to ``max_bytes`` bytes; ``b""`` at end of stream."""

@@ -985,3 +985,46 @@ def test_get_reconnects_after_connection_close() -> None:
         thread.join(10)
         listener.close()
     assert bodies == [{"connection": i} for i in range(3)]  # one connection each
+
+
+# -- timeouts ------------------------------------------------------------------------------
+
+
+def test_a_peer_stalled_mid_body_gets_408() -> None:
+    """A stream timeout is a TimeoutError, answered with 408 as on asyncio (not 500)."""
+    x = np.zeros(1000, dtype=np.float32)
+    body = binproto.encode_request({"x": x})
+    wire = request_bytes(bytes(body), dict(body.headers), close=False)
+
+    async def main() -> bytes:
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(functools.partial(bt.serve, app(), timeout=0.3))
+            stalled = await trio.open_tcp_stream("127.0.0.1", port)
+            await stalled.send_all(wire[:-100])
+            received = bytearray()
+            with trio.fail_after(10):
+                while data := await stalled.receive_some(65536):  # until the server closes
+                    received += data
+            await stalled.aclose()
+            nursery.cancel_scope.cancel()
+        return bytes(received)
+
+    received = trio.run(main)
+    assert received.startswith(b"HTTP/1.1 408 "), received[:100]
+    assert b"timed out" in received
+
+
+def test_stream_timeout_is_a_timeout_error() -> None:
+    async def main() -> None:
+        left, right = trio.testing.memory_stream_pair()
+        stream = bt.wrap(left, timeout=0.05)
+        with pytest.raises(TimeoutError):
+            await stream.receive_some(10)
+        await right.send_all(b"ok")
+        assert await stream.receive_some(10) == b"ok"  # the stream still works
+        no_bound = bt.wrap(left)
+        with trio.move_on_after(0.1) as scope:
+            await no_bound.receive_some(10)
+        assert scope.cancelled_caught  # no timeout: waits until cancelled
+
+    trio.run(main)
