@@ -197,6 +197,13 @@ class Parser:
         self._checks: list[Callable[[memoryview, int], None] | None] = []
         self._framers: list[BytesFramer | None] = []
         self._ti = 0  # index of the current tensor
+        # The hot path: while a binary tensor still needs ``_need`` bytes and
+        # bytes are queued, next_event emits them without the full reader;
+        # receive_data queues flat views at once while ``_fast_input`` holds.
+        self._need = 0
+        self._name = ""
+        self._check: Callable[[memoryview, int], None] | None = None
+        self._fast_input = False
         self._toff = 0  # bytes of the current tensor already emitted
 
     # -- public state -----------------------------------------------------------
@@ -256,25 +263,25 @@ class Parser:
         """
         # The hot path, once per chunk of a large tensor: a flat byte view
         # queued as it is.
-        if type(data) is memoryview and data.format == "B" and data.ndim == 1 and data.c_contiguous:
-            mv = data
-        else:
-            mv = as_byte_view(data)
-        state = self._state
         if (
-            state is ParserState.TENSORS
-            and len(mv)
-            and self._inflater is None
-            and not self._input_ended
+            self._fast_input
+            and type(data) is memoryview
+            and data.format == "B"
+            and data.ndim == 1
+            and data.c_contiguous
+            and data
         ):
-            self._chunks.append(mv)
+            self._chunks.append(data)
             return
+        mv = as_byte_view(data)
+        state = self._state
         if state is ParserState.ERROR:
             raise LocalProtocolError("cannot receive data: the parser is in the ERROR state")
         if self._input_ended:
             raise LocalProtocolError("cannot receive data after the end of the body")
         if not len(mv):
             self._input_ended = True
+            self._fast_input = False
             if self._inflater is not None:
                 self._inflater.end()
             else:
@@ -311,6 +318,30 @@ class Parser:
 
     def next_event(self) -> Event | NeedData:
         """Return the next event, or :data:`NEED_DATA` if more bytes are needed."""
+        need = self._need
+        if need:  # the hot path: more bytes of the current binary tensor
+            chunks = self._chunks
+            if chunks:
+                mv = chunks[0]
+                n = len(mv)
+                if n <= need:
+                    chunks.popleft()
+                else:
+                    chunks[0] = mv[need:]
+                    mv = mv[:need]
+                    n = need
+                offset = self._toff
+                if self._check is not None:
+                    try:
+                        self._check(mv, offset)
+                    except RemoteProtocolError as exc:
+                        self._fail(exc)
+                self._toff = offset + n
+                self._need = need - n
+                self._pos += n
+                return _make_chunk(self._ti, self._name, offset, mv)
+            if self._fast_input:
+                return NEED_DATA
         state = self._state
         if state is ParserState.TENSORS:
             try:
@@ -357,8 +388,14 @@ class Parser:
         self._chunks.append(piece)
         return True
 
+    def _enter_tensors(self) -> None:
+        self._state = ParserState.TENSORS
+        self._fast_input = self._inflater is None and not self._input_ended
+
     def _fail(self, exc: RemoteProtocolError) -> NoReturn:
         self._state = ParserState.ERROR
+        self._need = 0
+        self._fast_input = False
         self._error = exc
         self._chunks.clear()
         self._inflater = None  # drop the compressed bytes it still holds
@@ -439,7 +476,7 @@ class Parser:
         self._plan(header)
         self._pos = len(raw)
         self._header = header
-        self._state = ParserState.TENSORS
+        self._enter_tensors()
         return HeaderParsed(header=header)
 
     def _read_raw_header(self, spec: TensorSpec) -> HeaderParsed:
@@ -461,7 +498,7 @@ class Parser:
         self._raw_prefix = prefix
         self._body_total = size
         self._header = header
-        self._state = ParserState.TENSORS
+        self._enter_tensors()
         return HeaderParsed(header=header)
 
     def _plan(self, header: InferenceHeader) -> None:
@@ -529,6 +566,7 @@ class Parser:
                 framer.finish()
             self._ti = ti + 1
             self._toff = 0
+            self._need = 0
             return TensorComplete(index=ti, name=info.name, info=info)
         if self._raw_prefix:
             # A raw BYTES element's length prefix: not in the body, emitted first.
@@ -555,6 +593,10 @@ class Parser:
             check(piece, offset)
         self._toff = offset + len(piece)
         self._pos += len(piece)
+        # Arm the hot path for the rest of this tensor.
+        self._need = size - self._toff
+        self._name = info.name
+        self._check = check
         return _make_chunk(ti, info.name, offset, piece)
 
     def _short_body(self, info: TensorInfo, need: int) -> RemoteProtocolError:
@@ -576,6 +618,7 @@ class Parser:
             )
         if self._ended or self._pos == self._decoded_length:
             self._state = ParserState.DONE
+            self._fast_input = False
             return MessageComplete()
         return NEED_DATA
 

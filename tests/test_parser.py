@@ -589,3 +589,20 @@ def test_strided_and_multidimensional_buffers() -> None:
     p.receive_data(b"")
     out = [e for e in p.events() if isinstance(e, TensorChunk)]
     assert b"".join(bytes(e.data) for e in out) == b"\x01\x02\x03\x04"
+
+
+def test_error_in_a_later_chunk_is_a_sink_too() -> None:
+    header = {"inputs": [{"name": "b", "shape": [4], "datatype": "BOOL",
+                          "parameters": {"binary_data_size": 4}}]}  # fmt: skip
+    body, hl = make_body(header, b"\x01\x00\x01\x05")
+    p = Parser("request", header_length=hl)
+    p.receive_data(body[: hl + 1])
+    assert [type(e) for e in p.events()] == [HeaderParsed, TensorChunk]
+    p.receive_data(memoryview(body)[hl + 1 :])
+    with pytest.raises(RemoteProtocolError) as info:
+        p.next_event()
+    assert info.value.offset == len(body) - 1
+    with pytest.raises(LocalProtocolError):
+        p.receive_data(memoryview(b"\x00"))
+    with pytest.raises(LocalProtocolError):
+        p.next_event()
