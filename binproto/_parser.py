@@ -25,6 +25,12 @@ against its shape and the limits; the sum of all of them against
 per-byte work is on bytes that must be checked (BOOL values, BYTES prefixes),
 done by numpy or by skipping whole elements.
 
+Once a TENSORS step has emitted part of a binary tensor, it arms a hot path
+(``_need``): while bytes of that tensor are queued, ``next_event`` slices and
+emits them without the full reader, and ``receive_data`` queues flat views
+without re-checking the state. Anything else (a new tensor, the end, a
+compressed body) goes through the readers.
+
 The end of the body is known when ``content_length`` bytes have been parsed, or
 when ``receive_data(b"")`` is called. A body that ends early is an error that
 says how many bytes were missing; a byte after the end is an error too.
