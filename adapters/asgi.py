@@ -239,7 +239,8 @@ async def send_buffers(
 ) -> None:
     """Send a whole response: its start, then each buffer as its own body message.
 
-    ``headers`` must include the framing (``Content-Length``); the buffers are
+    ``headers`` should include the framing (``Content-Length``; without it the
+    server frames the body, chunked for HTTP/1.1); the buffers are
     sent as byte views of the caller's memory (views of at most ``chunk_size``
     bytes), never joined.
     """
