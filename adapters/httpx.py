@@ -119,9 +119,15 @@ def _acontent(pieces: AsyncIterator[memoryview]) -> AsyncIterable[bytes]:
 
 
 def request_headers(body: EncodedBody, headers: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The HTTP headers for sending ``body``: its framing, ``Accept-Encoding``, then ``headers``."""
+    """The HTTP headers for sending ``body``: its framing, ``Accept-Encoding``, then ``headers``.
+
+    ``Accept-Encoding`` is ``identity`` (httpx would otherwise offer gzip and
+    more): compressing tensors costs the server far more time than it saves on
+    a fast link. Ask for compression with ``headers={"Accept-Encoding":
+    ACCEPT_ENCODING}`` (the codings binproto decodes).
+    """
     out = {str(k): str(v) for k, v in body.headers}
-    out["Accept-Encoding"] = ACCEPT_ENCODING
+    out["Accept-Encoding"] = "identity"
     if headers:
         out.update(headers)
     return out

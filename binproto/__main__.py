@@ -19,6 +19,10 @@ def _serve(args: argparse.Namespace) -> int:
     def ready(port: int) -> None:
         print(f"binproto: serving V2 on http://{args.host}:{port}", flush=True)
 
+    from binproto.adapters._server import V2Server
+
+    server = V2Server(compress_responses=not args.no_compress)
+
     if args.backend == "trio":
         try:
             import trio
@@ -31,6 +35,7 @@ def _serve(args: argparse.Namespace) -> int:
             trio.run(
                 functools.partial(
                     trio_adapter.serve,
+                    server,
                     host=args.host,
                     port=args.port,
                     zero_copy=not args.streams,
@@ -46,7 +51,9 @@ def _serve(args: argparse.Namespace) -> int:
     from binproto.adapters.asyncio import serve
 
     try:
-        asyncio.run(serve(host=args.host, port=args.port, zero_copy=not args.streams, ready=ready))
+        asyncio.run(
+            serve(server, host=args.host, port=args.port, zero_copy=not args.streams, ready=ready)
+        )
     except KeyboardInterrupt:
         pass
     return 0
@@ -67,6 +74,11 @@ def add_serve(subparsers: Any) -> None:
         "--streams",
         action="store_true",
         help="read through plain streams instead of receiving tensors in place",
+    )
+    p.add_argument(
+        "--no-compress",
+        action="store_true",
+        help="never compress responses, whatever the client's Accept-Encoding",
     )
     p.set_defaults(func=_serve)
 

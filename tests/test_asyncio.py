@@ -1170,3 +1170,34 @@ def test_serve_command_answers_health_checks() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.mark.parametrize(
+    ("serve_process", "coding"),
+    [([], "gzip"), (["--no-compress"], None), (["--backend", "trio", "--no-compress"], None)],
+    indirect=["serve_process"],
+)
+def test_serve_command_compression_switch(
+    serve_process: tuple[int, int], coding: str | None
+) -> None:
+    import http.client
+
+    _, port = serve_process
+    body = binproto.encode_request({"x": np.arange(1000, dtype=np.int32)}, binary_data_output=True)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request(
+            "POST",
+            "/v2/models/echo/infer",
+            body=bytes(body),
+            headers={**dict(body.headers), "Accept-Encoding": "gzip"},
+        )
+        response = conn.getresponse()
+        raw = response.read()
+        assert response.status == 200
+        assert response.getheader("Content-Encoding") == coding
+        hl = binproto.header_length_from(response.getheaders())
+        out = binproto.decode_response(raw, header_length=hl, content_encoding=coding)
+        assert np.array_equal(out.tensors["x"], np.arange(1000, dtype=np.int32))
+    finally:
+        conn.close()

@@ -300,19 +300,27 @@ def test_request_is_streamed_with_content_length() -> None:
 def test_compressed_response_is_decoded_by_binproto(encoding: str) -> None:
     inputs = {"x": np.arange(50_000, dtype=np.float64), "s": sample("BYTES")}
     transport = EchoTransport(encoding=encoding)
+    accept = {"Accept-Encoding": bphttpx.ACCEPT_ENCODING}
     with httpx.Client(base_url="http://test", transport=transport) as client:
-        result = bphttpx.infer(client, "echo", inputs)
+        result = bphttpx.infer(client, "echo", inputs, headers=accept)
     assert transport.headers["accept-encoding"] == "gzip, deflate"
     for name, arr in inputs.items():
         assert arrays_equal(result.tensors[name], arr), name
 
     async def go() -> binproto.DecodedMessage:
         async with httpx.AsyncClient(base_url="http://test", transport=transport) as client:
-            return await bphttpx.ainfer(client, "echo", inputs)
+            return await bphttpx.ainfer(client, "echo", inputs, headers=accept)
 
     result = asyncio.run(go())
     for name, arr in inputs.items():
         assert arrays_equal(result.tensors[name], arr), name
+
+
+def test_compression_is_asked_for_only_on_request() -> None:
+    transport = EchoTransport()
+    with httpx.Client(base_url="http://test", transport=transport) as client:
+        bphttpx.infer(client, "echo", {"x": np.ones(3, dtype=np.float32)})
+    assert transport.headers["accept-encoding"] == "identity"
 
 
 def test_unsupported_response_encoding() -> None:
