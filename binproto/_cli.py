@@ -28,7 +28,7 @@ from ._datatypes import DATATYPES
 from ._errors import LocalProtocolError, ProtocolError
 from ._events import NEED_DATA, HeaderParsed, MessageComplete, TensorChunk, TensorComplete
 from ._header import InferenceHeader, TensorInfo
-from ._http import HEADER_LENGTH_NAME, content_encoding_from, header_length_from, header_value
+from ._http import HEADER_LENGTH_NAME, header_value, parser_from_headers
 from ._parser import Parser
 
 __all__ = [
@@ -264,14 +264,9 @@ def _open_input(path: str) -> tuple[IO[bytes], int | None]:
 
 
 def inspect_body(
-    chunks: Iterator[bytes],
-    *,
-    kind: str,
-    header_length: int | None,
-    content_length: int | None,
-    content_encoding: str | None,
+    parser: Parser, chunks: Iterator[bytes]
 ) -> tuple[InferenceHeader | None, list[TensorSummary], ProtocolError | None, int]:
-    """Parse a body chunk by chunk and summarize it.
+    """Feed ``parser`` a body chunk by chunk and summarize it.
 
     Returns the header (None if the body failed before it), a summary per
     completed tensor, the protocol error that ended the body (or None), and
@@ -280,14 +275,7 @@ def inspect_body(
     header: InferenceHeader | None = None
     summaries: list[TensorSummary] = []
     current: TensorSummary | None = None
-    parser: Parser | None = None
     try:
-        parser = Parser(
-            "request" if kind == "request" else "response",
-            header_length=header_length,
-            content_length=content_length,
-            content_encoding=content_encoding,
-        )
         feed = iter(chunks)
         done = False
         while not done:
@@ -312,7 +300,7 @@ def inspect_body(
             elif type(event) is MessageComplete:
                 done = True
     except ProtocolError as exc:
-        return header, summaries, exc, parser.bytes_parsed if parser is not None else 0
+        return header, summaries, exc, parser.bytes_parsed
     return header, summaries, None, parser.bytes_parsed
 
 
@@ -363,30 +351,29 @@ def _error_line(exc: ProtocolError) -> str:
     return f"{type(exc).__name__}{where} (status hint {exc.status_hint}): {exc.msg}"
 
 
-def _inspect(args: argparse.Namespace) -> int:
+def _message_headers(args: argparse.Namespace, size: int | None) -> list[tuple[str, str]]:
+    """The body's HTTP headers: from --headers, amended by --header-length and
+    --encoding, with the file's length as Content-Length when none is given."""
     headers = read_headers(args.headers) if args.headers else []
+    if args.header_length is not None:
+        headers.append((HEADER_LENGTH_NAME, str(args.header_length)))
+    if args.encoding is not None:
+        headers = [(n, v) for n, v in headers if n.lower() != "content-encoding"]
+        headers.append(("Content-Encoding", args.encoding))
+    if size is not None and header_value(headers, "Content-Length") is None:
+        headers.append(("Content-Length", str(size)))
+    return headers
+
+
+def _inspect(args: argparse.Namespace) -> int:
     stream, size = _open_input(args.body)
     try:
         try:
-            header_length = args.header_length
-            if header_length is None and headers:
-                header_length = header_length_from(headers)
-            encoding = args.encoding
-            if encoding is None and headers:
-                encoding = content_encoding_from(headers)
-            content_length = size
-            declared = header_value(headers, "Content-Length") if headers else None
-            if declared is not None and declared.isdigit():
-                content_length = int(declared)
+            headers = _message_headers(args, size)
+            parser = parser_from_headers(args.kind, headers)
         except ProtocolError as exc:
             return _report(args, None, [], exc, 0)
-        header, summaries, error, parsed = inspect_body(
-            _chunks(stream),
-            kind=args.kind,
-            header_length=header_length,
-            content_length=content_length,
-            content_encoding=encoding,
-        )
+        header, summaries, error, parsed = inspect_body(parser, _chunks(stream))
     finally:
         if stream is not sys.stdin.buffer:
             stream.close()

@@ -230,9 +230,13 @@ def test_gzip_body_via_headers_and_via_flag(
         [str(tmp_path / "body.bin"), "--header-length", length, "--encoding", "gzip"], capsys
     )
     assert code == 0 and via_flag == via_headers
-    # Without the coding the compressed bytes are not a body.
+    # Without the coding the compressed bytes are not a body: the header
+    # length is over the (compressed) file's length.
     code, wrong, _ = inspect_json([str(tmp_path / "body.bin"), "--header-length", length], capsys)
-    assert code == 1 and wrong["error"]["offset"] == 0
+    assert code == 1
+    assert wrong["error"]["message"] == (
+        f"inference header size should be in range (0, {len(compressed)}), got: {length}"
+    )
 
 
 def test_unknown_encoding_is_415(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -255,13 +259,8 @@ def test_summary_does_not_depend_on_chunking(size: int) -> None:
 
     def summarize(step: int) -> list[dict[str, Any]]:
         pieces = iter([body[i : i + step] for i in range(0, len(body), step)])
-        _, summaries, error, parsed = _cli.inspect_body(
-            pieces,
-            kind="request",
-            header_length=encoded.header_length,
-            content_length=None,
-            content_encoding=None,
-        )
+        parser = binproto.Parser("request", header_length=encoded.header_length)
+        _, summaries, error, parsed = _cli.inspect_body(parser, pieces)
         assert error is None and parsed == len(body)
         return [s.as_dict() for s in summaries]
 
