@@ -97,9 +97,7 @@ class ClientCore:
         limits: limits for response bodies (decompressed sizes included).
         accept_encoding: sent as the ``Accept-Encoding`` header of inference
             requests (e.g. ``"gzip, deflate"``); the parser decodes gzip and
-            deflate responses within ``limits`` (a mostly-zero tensor expands
-            more than the default ``max_decompression_ratio``: raise it when
-            such outputs are expected). None sends no such header.
+            deflate responses within ``limits``. None sends no such header.
         request_encoding: ``"gzip"`` or ``"deflate"`` to compress inference
             request bodies (sent chunked, with ``Content-Encoding``, compressed
             a piece at a time at :data:`COMPRESSION_LEVEL`); None sends them as

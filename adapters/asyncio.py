@@ -384,8 +384,7 @@ class Client(ClientCore):
     ``timeout`` bounds each wait for the server's bytes; ``limits`` applies to
     response bodies. ``accept_encoding`` (e.g. ``"gzip, deflate"``) is sent as
     ``Accept-Encoding``: compressed responses are decompressed as they are
-    read, within ``limits`` (mostly-zero tensors expand more than the default
-    ``max_decompression_ratio``: raise it for them); ``request_encoding``
+    read, within ``limits``; ``request_encoding``
     (``"gzip"`` or ``"deflate"``) compresses request bodies (see
     :class:`~binproto.adapters._client.ClientCore`).
     """

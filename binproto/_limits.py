@@ -34,10 +34,12 @@ class Limits:
             expand to this many times its compressed ``content_length``, or,
             when that is unknown, this many times the compressed bytes
             decompressed so far (counted in 16 KiB blocks, so the outcome does
-            not depend on chunking). The default, 200, is far above what real
-            tensor data compresses by (rarely beyond 20:1, short of constant
-            data) and well below deflate's own maximum of about 1032:1, so a
-            bomb gains at most a fifth of the amplification it was built for.
+            not depend on chunking). The default, 1100, sits just above
+            deflate's own maximum of about 1032:1, so no well-formed body is
+            refused by ratio alone (zero-filled tensors, common as padding and
+            masks, compress over 1000:1 at level 6); ``max_decompressed_bytes``
+            is what bounds a bomb. Lower it (e.g. 100) to refuse highly
+            compressible bodies early.
     """
 
     max_header_bytes: int = 64 * MiB
@@ -46,7 +48,7 @@ class Limits:
     max_body_bytes: int = 64 * GiB
     max_json_depth: int = 100
     max_decompressed_bytes: int = 4 * GiB
-    max_decompression_ratio: float = 200.0
+    max_decompression_ratio: float = 1100.0
 
     def __post_init__(self) -> None:
         for name in (
