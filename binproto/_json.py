@@ -32,7 +32,7 @@ def _max_depth(raw: bytes) -> int:
     return int(np.cumsum(steps).max())
 
 
-def loads_header(raw: bytes, *, max_depth: int) -> Any:
+def loads_header(raw: bytes, *, max_depth: int, kind: str = "request") -> Any:
     """Decode the JSON header ``raw`` (exactly the header's bytes).
 
     Accepts what real peers send: ``NaN``/``Infinity`` tokens. Rejects invalid
@@ -50,7 +50,7 @@ def loads_header(raw: bytes, *, max_depth: int) -> Any:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise RemoteProtocolError(
-            f"failed to parse the request JSON buffer: invalid UTF-8 ({exc.reason})",
+            f"failed to parse the {kind} JSON buffer: invalid UTF-8 ({exc.reason})",
             offset=exc.start,
         ) from None
     try:
@@ -62,11 +62,11 @@ def loads_header(raw: bytes, *, max_depth: int) -> Any:
     except json.JSONDecodeError as exc:
         offset = len(text[: exc.pos].encode("utf-8"))
         raise RemoteProtocolError(
-            f"failed to parse the request JSON buffer: {exc.msg}", offset=offset
+            f"failed to parse the {kind} JSON buffer: {exc.msg}", offset=offset
         ) from None
     except ValueError as exc:  # e.g. an integer literal over Python's digit limit
         raise RemoteProtocolError(
-            f"failed to parse the request JSON buffer: {exc}", offset=0
+            f"failed to parse the {kind} JSON buffer: {exc}", offset=0
         ) from None
 
 

@@ -296,7 +296,7 @@ class Parser:
         if state is ParserState.DONE:
             self._fail(
                 RemoteProtocolError(
-                    "unexpected additional data after the end of the message",
+                    "unexpected additional input data after the end of the message",
                     offset=self._pos,
                 )
             )
@@ -477,7 +477,7 @@ class Parser:
         raw = bytes(buf)
         del buf  # drop the last reference, or the next line's cannot free it
         self._header_buf = bytearray()
-        obj = loads_header(raw, max_depth=self.limits.max_json_depth)
+        obj = loads_header(raw, max_depth=self.limits.max_json_depth, kind=self.kind)
         header = build_header(obj, self.kind, self.limits, len(raw))
         self._plan(header)
         self._pos = len(raw)
@@ -620,7 +620,8 @@ class Parser:
     def _read_end(self) -> MessageComplete | NeedData:
         if self._chunks or self._pull():
             raise RemoteProtocolError(
-                "unexpected additional input data after the last tensor", offset=self._pos
+                "unexpected additional input data after the end of the message",
+                offset=self._pos,
             )
         if self._ended or self._pos == self._decoded_length:
             self._state = ParserState.DONE

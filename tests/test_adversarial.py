@@ -331,7 +331,7 @@ def test_data_after_the_end_of_the_body() -> None:
     body, hl = make_body(one_input(parameters={"binary_data_size": 4}), b"abcd")
     out = assert_same_everywhere(request(hl), body + b"!")
     _, msg, status, offset = error_of(out)
-    assert "unexpected additional input data after the last tensor" in msg
+    assert "unexpected additional input data after the end of the message" in msg
     assert offset == len(body) and status == 400
     # Once the message is complete, any later byte is an error too.
     parser = Parser("request", header_length=hl, content_length=len(body))

@@ -606,3 +606,26 @@ def test_error_in_a_later_chunk_is_a_sink_too() -> None:
         p.receive_data(memoryview(b"\x00"))
     with pytest.raises(LocalProtocolError):
         p.next_event()
+
+
+def test_bytes_after_the_end_say_the_same_whenever_they_arrive() -> None:
+    header = {"inputs": [{"name": "x", "shape": [1], "datatype": "INT8",
+                          "parameters": {"binary_data_size": 1}}]}  # fmt: skip
+    body, hl = make_body(header, b"\x07")
+    messages = set()
+    for chunks in ([body + b"!"], [body, b"!"]):
+        p = Parser("request", header_length=hl, content_length=len(body))
+        with pytest.raises(RemoteProtocolError) as info:
+            for chunk in chunks:
+                p.receive_data(chunk)
+                list(p.events())
+        assert info.value.offset == len(body)
+        messages.add(info.value.msg)
+    assert messages == {"unexpected additional input data after the end of the message"}
+
+
+def test_json_errors_name_the_kind() -> None:
+    with pytest.raises(RemoteProtocolError, match="failed to parse the response JSON"):
+        binproto.decode_response(b"{oops", header_length=None)
+    with pytest.raises(RemoteProtocolError, match="failed to parse the request JSON"):
+        binproto.decode_request(b"{oops", header_length=None)
