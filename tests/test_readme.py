@@ -8,6 +8,7 @@ allowed to be in README.md's Sans-IO loop section).
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -125,3 +126,112 @@ def test_datatype_table_matches_the_code() -> None:
             else:
                 assert itemsize == int(size.split()[0]), name
     assert seen == set(binproto.DATATYPES)
+
+
+def _fault(kind: str) -> binproto.ProtocolError:
+    """The error binproto raises for the fault ``kind`` of the errors table."""
+
+    def decode(obj: Any, tail: bytes = b"", **options: Any) -> None:
+        head = json.dumps(obj).encode()
+        binproto.decode_request(head + tail, header_length=len(head), **options)
+
+    def one(**fields: Any) -> dict[str, Any]:
+        return {"inputs": [{"name": "a", "datatype": "FP32", "shape": [1], **fields}]}
+
+    body = binproto.encode_request({"x": np.arange(6, dtype=np.float32).reshape(2, 3)})
+    wire = bytes(body)
+    attempts: dict[str, Any] = {
+        "range": lambda: binproto.header_length_from(
+            {"Inference-Header-Content-Length": "99"}, content_length=10
+        ),
+        "absurd": lambda: binproto.header_length_from(
+            {"Inference-Header-Content-Length": str(2**62)}
+        ),
+        "shape": lambda: decode(one(shape=[-1], data=[1])),
+        "datatype": lambda: decode(one(datatype="FP8", data=[1])),
+        "duplicate": lambda: decode({"inputs": one(data=[1])["inputs"] * 2}),
+        "neither": lambda: decode(one()),
+        "size": lambda: decode(one(shape=[2], parameters={"binary_data_size": 4}), b"\0" * 4),
+        "count": lambda: decode(one(shape=[2], data=[1])),
+        "bytes": lambda: decode(
+            one(datatype="BYTES", parameters={"binary_data_size": 6}), b"\x09\0\0\0ab"
+        ),
+        "bool": lambda: decode(
+            one(datatype="BOOL", shape=[2], parameters={"binary_data_size": 2}), b"\x01\x07"
+        ),
+        "short": lambda: _short(wire, body.header_length),
+        "extra": lambda: decode(one(data=[1]), b"zz"),
+        "tensors": lambda: decode(
+            {"inputs": [*one(data=[1])["inputs"], {**one(data=[1])["inputs"][0], "name": "b"}]},
+            limits=binproto.Limits(max_tensors=1),
+        ),
+        "depth": lambda: decode(one(shape=[1], data=[1]), limits=binproto.Limits(max_json_depth=3)),
+        "gzip": lambda: binproto.decode_request(
+            b"".join(binproto.compress_buffers(body.buffers, "gzip"))[:-10],
+            header_length=body.header_length,
+            content_encoding="gzip",
+        ),
+        "br": lambda: binproto.decode_request(b"{}", header_length=None, content_encoding="br"),
+    }
+    with pytest.raises(binproto.ProtocolError) as exc:
+        attempts[kind]()
+    return exc.value
+
+
+def _short(wire: bytes, header_length: int | None) -> None:
+    parser = binproto.Parser("request", header_length=header_length)
+    parser.receive_data(wire[:-3])
+    parser.receive_data(b"")
+    list(parser.events())
+
+
+# (fault, the message as the errors table shows it; "..." ends a prefix)
+ERRORS_TABLE = [
+    ("range", "inference header size should be in range (0, 10), got: 99"),
+    ("absurd", "Inference-Header-Content-Length is absurdly large, got: ..."),
+    ("shape", "Unable to parse 'shape' of input 'a': expected a list of non-negative integers"),
+    ("datatype", "invalid datatype 'FP8' for input 'a'"),
+    ("duplicate", "duplicate input name 'a'"),
+    (
+        "neither",
+        "Input 'a' must set only one of the following fields: 'data', 'binary_data_size' in"
+        " 'parameters', 'shared_memory_region' in 'parameters'. But no field is set",
+    ),
+    ("size", "unexpected total byte size 4 for input 'a', expecting 8 (2 FP32 elements)"),
+    ("count", "unexpected number of elements in 'data' for input 'a': shape [2] holds 2, got 1"),
+    (
+        "bytes",
+        "BYTES element 0 of input 'a' claims 9 bytes but only 2 remain in its binary_data_size",
+    ),
+    ("bool", "invalid BOOL value 7 for input 'a': expecting 0 or 1"),
+    (
+        "short",
+        "unexpected size for input 'x', expecting 3 additional bytes"
+        " (received 115 of 118 body bytes)",
+    ),
+    (
+        "extra",
+        "unexpected additional input data: the body has 2 bytes beyond the 0 bytes of binary data"
+        " announced",
+    ),
+    ("tensors", "2 inputs exceed the limit of 1"),
+    ("depth", "JSON nesting is 4 deep, deeper than the limit of 3"),
+    ("gzip", "the compressed body ended before the end of its gzip stream ..."),
+    (
+        "br",
+        "unsupported Content-Encoding 'br': supported are gzip, deflate, identity"
+        " (Accept-Encoding: gzip, deflate)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("kind", "message"), ERRORS_TABLE, ids=[k for k, _ in ERRORS_TABLE])
+def test_errors_table_messages_are_what_binproto_says(kind: str, message: str) -> None:
+    text = " ".join((ROOT / "docs" / "limits-and-errors.md").read_text(encoding="utf-8").split())
+    shown = message.removesuffix("...").rstrip()
+    assert f"`{shown}" in text, "the table no longer shows this message"
+    error = _fault(kind)
+    if message.endswith("..."):
+        assert error.msg.startswith(shown)
+    else:
+        assert error.msg == message
