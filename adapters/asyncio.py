@@ -43,15 +43,30 @@ from typing import Any
 from binproto import Limits
 
 from ._client import ClientCore, ResponseStream
-from ._server import V2Server
+
+# The server's model API, the same for every backend.
+from ._server import (
+    InferenceError,
+    InferRequest,
+    Model,
+    StreamingResponse,
+    V2Server,
+    echo_model,
+)
 
 __all__ = [
     "BufferedStream",
     "Client",
+    "InferRequest",
+    "InferenceError",
+    "Model",
     "ResponseStream",
     "SocketStream",
+    "StreamingResponse",
     "StreamsStream",
+    "V2Server",
     "connect",
+    "echo_model",
     "serve",
     "start_server",
 ]

@@ -45,15 +45,30 @@ from binproto import Limits
 from binproto._parser import as_byte_view
 
 from ._client import ClientCore, ResponseStream
-from ._server import V2Server
+
+# The server's model API, the same for every backend.
+from ._server import (
+    InferenceError,
+    InferRequest,
+    Model,
+    StreamingResponse,
+    V2Server,
+    echo_model,
+)
 
 __all__ = [
     "Client",
+    "InferRequest",
+    "InferenceError",
+    "Model",
     "ResponseStream",
+    "StreamingResponse",
     "TrioSocketStream",
     "TrioStream",
+    "V2Server",
     "connect",
     "connection_handler",
+    "echo_model",
     "serve",
     "wrap",
 ]

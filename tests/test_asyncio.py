@@ -1201,3 +1201,14 @@ def test_serve_command_compression_switch(
         assert np.array_equal(out.tensors["x"], np.arange(1000, dtype=np.int32))
     finally:
         conn.close()
+
+
+def test_model_api_is_public_on_every_backend() -> None:
+    from binproto.adapters import _server
+    from binproto.adapters import asyncio as aio_adapter
+    from binproto.adapters import trio as trio_adapter
+
+    for name in ("V2Server", "Model", "InferRequest", "InferenceError", "StreamingResponse"):
+        assert getattr(aio_adapter, name) is getattr(_server, name)
+        assert getattr(trio_adapter, name) is getattr(_server, name)
+        assert name in aio_adapter.__all__ and name in trio_adapter.__all__
