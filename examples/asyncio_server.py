@@ -33,7 +33,7 @@ import numpy as np
 
 from binproto import TensorChunk, TensorComplete
 from binproto.adapters import asyncio as binproto_asyncio
-from binproto.adapters._server import InferenceError, InferRequest, Model, V2Server
+from binproto.adapters.asyncio import InferenceError, InferRequest, Model, V2Server
 
 
 async def scale(request: InferRequest) -> Mapping[str, Any]:

@@ -13,8 +13,7 @@ import pytest
 
 from binproto import _demo
 from binproto.__main__ import main
-from binproto.adapters._server import InferRequest, Model, V2Server
-from binproto.adapters.asyncio import start_server
+from binproto.adapters.asyncio import InferRequest, Model, V2Server, start_server
 
 MiB = 1024 * 1024
 

@@ -18,8 +18,7 @@ import numpy as np
 import pytest
 
 import binproto
-from binproto.adapters._server import V2Server
-from binproto.adapters.asyncio import Client, start_server
+from binproto.adapters.asyncio import Client, V2Server, start_server
 from binproto.adapters.h11 import HTTPError
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
