@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from ._assemble import TensorAssembler, array_from_bytes
+from ._bytes import BytesFramer
 from ._errors import RemoteProtocolError
 from ._events import NEED_DATA, HeaderParsed, MessageComplete, TensorChunk, TensorComplete
 from ._header import InferenceHeader, Kind
@@ -52,6 +53,7 @@ def decode(
         content_encoding=content_encoding,
         raw_input=raw_input,
     )
+    parser._defer_bytes = True  # checked below, by BytesFramer.split
     if len(view):  # an empty chunk would already mean the end
         parser.receive_data(view)
     parser.receive_data(b"")
@@ -72,7 +74,15 @@ def decode(
             if info.binary_size is not None:
                 # One piece when the body is one buffer: a view, not a copy.
                 buf: Any = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-                tensors[info.name] = array_from_bytes(info, buf)
+                if info.datatype == "BYTES":
+                    role = "input" if kind == "request" else "output"
+                    base = parser.bytes_parsed - info.binary_size
+                    framer = BytesFramer(
+                        f"{role} '{info.name}'", info.elements, info.binary_size, base
+                    )
+                    tensors[info.name] = framer.split(buf).reshape(info.shape)
+                else:
+                    tensors[info.name] = array_from_bytes(info, buf)
                 pieces = []
             elif info.shared_memory:
                 shared.append(info.name)

@@ -199,6 +199,8 @@ class Parser:
         self._header: InferenceHeader | None = None
         self._body_total: int | None = None  # body length the header announces
 
+        # Whole-body decoding checks BYTES framing while splitting (one walk).
+        self._defer_bytes = False
         self._tensors: tuple[TensorInfo, ...] = ()
         self._checks: list[Callable[[memoryview, int], None] | None] = []
         self._framers: list[BytesFramer | None] = []
@@ -546,7 +548,7 @@ class Parser:
             check: Callable[[memoryview, int], None] | None = None
             framer = None
             if t.binary_size is not None:
-                if t.datatype == "BYTES":
+                if t.datatype == "BYTES" and not self._defer_bytes:
                     framer = BytesFramer(f"{role} '{t.name}'", t.elements, t.binary_size, offset)
                     check = framer.feed
                 elif t.datatype == "BOOL" and self.strict_bool:

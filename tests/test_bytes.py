@@ -7,9 +7,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from binproto import BytesDecoder, LocalProtocolError, RemoteProtocolError, split_bytes
+from binproto import (
+    BytesDecoder,
+    LocalProtocolError,
+    Parser,
+    RemoteProtocolError,
+    decode_request,
+    split_bytes,
+)
 
-from .helpers import bytes_tensor, chunkings, split
+from .helpers import bytes_tensor, chunkings, make_body, run, split
 
 ITEMS = [b"", b"a", b"\x00\x01\x02\x03", b"\xff" * 9, b"", b"xyz"]
 RAW = bytes_tensor(ITEMS)
@@ -67,3 +74,25 @@ def test_misuse() -> None:
         dec.feed(b"123456")
     with pytest.raises(LocalProtocolError):
         BytesDecoder(3)
+
+
+BAD_BYTES = [
+    (b"\x09\0\0\0abc", 1),
+    (bytes_tensor([b"ab"]) + b"\0\0\0\0", 1),
+    (bytes_tensor([b"ab"]) + b"\0\0", 2),
+    (bytes_tensor([b"ab", b"c"]), 3),
+]
+
+
+@pytest.mark.parametrize(("raw", "elements"), BAD_BYTES)
+def test_whole_body_decode_reports_bytes_faults_as_the_parser_does(
+    raw: bytes, elements: int
+) -> None:
+    header = {"inputs": [{"name": "s", "shape": [elements], "datatype": "BYTES",
+                          "parameters": {"binary_data_size": len(raw)}}]}  # fmt: skip
+    body, hl = make_body(header, raw)
+    streamed = run(lambda: Parser("request", header_length=hl), [body])
+    assert streamed.error is not None
+    with pytest.raises(RemoteProtocolError) as info:
+        decode_request(body, header_length=hl)
+    assert (info.value.msg, info.value.offset) == (streamed.error[1], streamed.error[3])
