@@ -18,18 +18,28 @@ __all__ = ["json_data_to_array", "loads_header"]
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 
 
+# Byte classes for the depth scan: 1 opens, -1 closes, 0 is anything else.
+_STEP = np.zeros(256, dtype=np.int8)
+_STEP[[0x5B, 0x7B]] = 1  # [ {
+_STEP[[0x5D, 0x7D]] = -1  # ] }
+
+
 def _max_depth(raw: bytes) -> int:
     """Deepest nesting of arrays and objects in ``raw`` (strings ignored)."""
-    if raw.count(b"[") + raw.count(b"{") <= 1:
-        return raw.count(b"[") + raw.count(b"{")
-    bare = _STRING.sub(b'""', raw)
-    codes = np.frombuffer(bare, dtype=np.uint8)
-    where = np.flatnonzero((codes == 0x5B) | (codes == 0x7B) | (codes == 0x5D) | (codes == 0x7D))
+    if b"\\" in raw:
+        # Escapes: blank every string token first, so an escaped quote cannot
+        # be taken for a string's end.
+        raw = _STRING.sub(b'""', raw)
+    codes = np.frombuffer(raw, dtype=np.uint8)
+    steps = _STEP[codes]
+    where = np.flatnonzero(steps)
     if where.size == 0:
         return 0
-    picked = codes[where]
-    steps = np.where((picked == 0x5B) | (picked == 0x7B), 1, -1).astype(np.int64)
-    return int(np.cumsum(steps).max())
+    # Without escapes every quote opens or closes a string: a bracket after an
+    # odd number of quotes is inside one.
+    quotes = np.flatnonzero(codes == 0x22)
+    outside = (np.searchsorted(quotes, where) & 1) == 0
+    return int(max(0, np.cumsum(steps[where][outside], dtype=np.int64).max(initial=0)))
 
 
 def loads_header(raw: bytes, *, max_depth: int, kind: str = "request") -> Any:

@@ -629,3 +629,20 @@ def test_json_errors_name_the_kind() -> None:
         binproto.decode_response(b"{oops", header_length=None)
     with pytest.raises(RemoteProtocolError, match="failed to parse the request JSON"):
         binproto.decode_request(b"{oops", header_length=None)
+
+
+@pytest.mark.parametrize(
+    ("text", "depth"),
+    [
+        (b'{"a": "[[[", "b": [[1]]}', 3),
+        (b'{"a": "\\"[[[", "b": [[1]]}', 3),  # an escaped quote does not end the string
+        (b'{"a": "\\\\", "b": [[[1]]]}', 4),  # an escaped backslash before the end quote
+        (b'{"a": "]]]]"}', 1),
+        (b"[[[[]]]]", 4),
+        (b'"x"', 0),
+    ],
+)
+def test_depth_scan_ignores_strings(text: bytes, depth: int) -> None:
+    from binproto._json import _max_depth
+
+    assert _max_depth(text) == depth
