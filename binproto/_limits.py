@@ -17,8 +17,8 @@ class Limits:
     ``Content-Length``) and against buffered bytes, before any work is done, so
     the outcome never depends on how a body is chunked.
 
-    A body over a size limit is answered with status hint 413; a count or depth
-    over its limit with 400.
+    A body, tensor or tensor count over its limit is answered with status hint
+    413; JSON nested deeper than ``max_json_depth`` with 400.
 
     Attributes:
         max_header_bytes: largest JSON header (Triton's default HTTP input
