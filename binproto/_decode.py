@@ -53,7 +53,9 @@ def decode(
         content_encoding=content_encoding,
         raw_input=raw_input,
     )
-    parser._defer_bytes = True  # checked below, by BytesFramer.split
+    # BYTES framing of a plain body is checked below, while splitting (one
+    # walk); a compressed body's goes through the assembler, so the parser checks it.
+    parser._defer_bytes = parser.content_encoding is None
     if len(view):  # an empty chunk would already mean the end
         parser.receive_data(view)
     parser.receive_data(b"")

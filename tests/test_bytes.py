@@ -96,3 +96,19 @@ def test_whole_body_decode_reports_bytes_faults_as_the_parser_does(
     with pytest.raises(RemoteProtocolError) as info:
         decode_request(body, header_length=hl)
     assert (info.value.msg, info.value.offset) == (streamed.error[1], streamed.error[3])
+
+
+@pytest.mark.parametrize(("raw", "elements"), BAD_BYTES)
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_compressed_bytes_faults_too(raw: bytes, elements: int, encoding: str) -> None:
+    from binproto import compress_buffers
+
+    header = {"inputs": [{"name": "s", "shape": [elements], "datatype": "BYTES",
+                          "parameters": {"binary_data_size": len(raw)}}]}  # fmt: skip
+    body, hl = make_body(header, raw)
+    packed = b"".join(compress_buffers([body], encoding))
+    plain = run(lambda: Parser("request", header_length=hl), [body])
+    assert plain.error is not None
+    with pytest.raises(RemoteProtocolError) as info:
+        decode_request(packed, header_length=hl, content_encoding=encoding)
+    assert (info.value.msg, info.value.offset) == (plain.error[1], plain.error[3])
