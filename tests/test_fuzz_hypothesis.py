@@ -71,6 +71,14 @@ def test_invalid_bodies_fail_the_same_in_any_chunking(case: Body, data: Any) -> 
     assert whole.error is not None and whole.error[0] == "RemoteProtocolError", case.mutation
     chunks = data.draw(chunkings(case.body))
     assert run(lambda: case.parser(content_length=known), chunks) == whole
+    # Whole-body decoding reports the same fault.
+    if known:
+        try:
+            decode(case)
+        except binproto.RemoteProtocolError as exc:
+            assert (exc.msg, exc.offset) == (whole.error[1], whole.error[3]), case.mutation
+        else:
+            raise AssertionError(f"decode accepted an invalid body: {case.mutation}")
 
 
 @FUZZ
