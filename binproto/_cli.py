@@ -23,7 +23,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from ._bytes import split_bytes
+from ._bytes import BytesDecoder
 from ._datatypes import DATATYPES
 from ._errors import LocalProtocolError, ProtocolError
 from ._events import NEED_DATA, HeaderParsed, MessageComplete, TensorChunk, TensorComplete
@@ -199,15 +199,9 @@ class TensorSummary:
         if self.info.datatype != "BYTES" or self.info.binary_size is None:
             return
         self.count = self.info.elements
-        shown: list[Any] = []
-        data = bytes(self._prefix)
-        pos = 0
-        while len(shown) < min(FIRST, self.count) and pos + 4 <= len(data):
-            length = int.from_bytes(data[pos : pos + 4], "little")
-            if pos + 4 + length > len(data):
-                break
-            shown.append(split_bytes(data[pos : pos + 4 + length], 1)[0])
-            pos += 4 + length
+        # The parser has checked the framing; the elements wholly inside the
+        # kept prefix are the ones shown.
+        shown = BytesDecoder(self.info).feed(bytes(self._prefix))[:FIRST]
         self.first = [_scalar(x) for x in shown]
 
     def as_dict(self) -> dict[str, Any]:

@@ -400,3 +400,14 @@ def test_bench_without_a_checkout(
     code, _, err = run(["bench"], capsys)
     assert code == 2
     assert "benchmarks/run.py" in err and str(tmp_path) in err
+
+
+def test_bytes_summary_shows_only_elements_inside_the_kept_prefix() -> None:
+    big = [bytes([k]) * 40_000 for k in range(3)]  # the second straddles the kept prefix
+    encoded = binproto.encode_request({"s": big})
+    parser = binproto.Parser("request", header_length=encoded.header_length)
+    _, summaries, error, _ = _cli.inspect_body(parser, iter([bytes(encoded)]))
+    assert error is None
+    summary = summaries[0].as_dict()
+    assert summary["first"] == [repr(big[0])]
+    assert summaries[0].count == 3
