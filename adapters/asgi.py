@@ -199,12 +199,7 @@ async def read_request(
     assembler = TensorAssembler(destinations)
     async for event in iter_events(scope, source, limits=limits, strict_bool=strict_bool):
         assembler.feed(event)
-    assert assembler.header is not None
-    return DecodedMessage(
-        header=assembler.header,
-        tensors=assembler.tensors,
-        shared_memory=tuple(assembler.shared_memory),
-    )
+    return assembler.message()
 
 
 # -- sending ------------------------------------------------------------------------

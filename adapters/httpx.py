@@ -225,15 +225,6 @@ async def _aread_limited(chunks: AsyncIterator[bytes]) -> bytes:
     return bytes(data)
 
 
-def _message(assembler: TensorAssembler) -> DecodedMessage:
-    assert assembler.header is not None
-    return DecodedMessage(
-        header=assembler.header,
-        tensors=assembler.tensors,
-        shared_memory=tuple(assembler.shared_memory),
-    )
-
-
 def read_response(
     response: httpx.Response,
     *,
@@ -245,7 +236,7 @@ def read_response(
     assembler = TensorAssembler(destinations)
     for event in iter_events(response, limits=limits, strict_bool=strict_bool):
         assembler.feed(event)
-    return _message(assembler)
+    return assembler.message()
 
 
 async def aread_response(
@@ -259,7 +250,7 @@ async def aread_response(
     assembler = TensorAssembler(destinations)
     async for event in aiter_events(response, limits=limits, strict_bool=strict_bool):
         assembler.feed(event)
-    return _message(assembler)
+    return assembler.message()
 
 
 def _encode(inputs: Any, options: dict[str, Any]) -> EncodedBody:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -12,12 +13,25 @@ from ._errors import LocalProtocolError
 from ._events import Event, HeaderParsed, TensorChunk, TensorComplete
 from ._header import InferenceHeader, TensorInfo
 
-__all__ = ["Destinations", "TensorAssembler", "array_from_bytes"]
+__all__ = ["DecodedMessage", "Destinations", "TensorAssembler", "array_from_bytes"]
 
 #: Where a TensorAssembler puts tensors: by name, or chosen per tensor.
 Destinations = (
     Mapping[str, np.ndarray[Any, Any]] | Callable[[TensorInfo], np.ndarray[Any, Any] | None] | None
 )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DecodedMessage:
+    """A complete request or response: its header and its tensors as arrays.
+
+    ``tensors`` maps each tensor in the body or in JSON to an array; tensors in
+    shared memory have no array and are named in ``shared_memory``.
+    """
+
+    header: InferenceHeader
+    tensors: dict[str, np.ndarray[Any, Any]] = field(repr=False)
+    shared_memory: tuple[str, ...] = ()
 
 
 def array_from_bytes(info: TensorInfo, buf: Any) -> np.ndarray[Any, Any]:
@@ -153,6 +167,19 @@ class TensorAssembler:
                 f" the tensor has {info.binary_size}"
             )
         return array
+
+    def message(self) -> DecodedMessage:
+        """The message assembled so far: its header and the complete tensors.
+
+        Raises :class:`LocalProtocolError` before :class:`HeaderParsed`.
+        """
+        if self.header is None:
+            raise LocalProtocolError("no message yet: the header has not been parsed")
+        return DecodedMessage(
+            header=self.header,
+            tensors=self.tensors,
+            shared_memory=tuple(self.shared_memory),
+        )
 
     def _complete(self, info: TensorInfo) -> None:
         if info.binary_size is None:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ._assemble import TensorAssembler, array_from_bytes
+from ._assemble import DecodedMessage, TensorAssembler, array_from_bytes
 from ._bytes import BytesFramer
 from ._errors import RemoteProtocolError
 from ._events import NEED_DATA, HeaderParsed, MessageComplete, TensorChunk, TensorComplete
@@ -17,19 +16,6 @@ from ._parser import Parser, as_byte_view
 from ._raw import TensorSpec
 
 __all__ = ["DecodedMessage", "decode", "decode_request", "decode_response"]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DecodedMessage:
-    """A complete request or response: its header and its tensors as arrays.
-
-    ``tensors`` maps each tensor in the body or in JSON to an array; tensors in
-    shared memory have no array and are named in ``shared_memory``.
-    """
-
-    header: InferenceHeader
-    tensors: dict[str, np.ndarray[Any, Any]] = field(repr=False)
-    shared_memory: tuple[str, ...] = ()
 
 
 def decode(
@@ -109,12 +95,7 @@ def _decode_compressed(parser: Parser) -> DecodedMessage:
         assembler.feed(event)
         if type(event) is MessageComplete:
             break
-    assert assembler.header is not None
-    return DecodedMessage(
-        header=assembler.header,
-        tensors=assembler.tensors,
-        shared_memory=tuple(assembler.shared_memory),
-    )
+    return assembler.message()
 
 
 def decode_request(

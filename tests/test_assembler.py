@@ -112,3 +112,14 @@ def test_chunk_before_header_is_local_error() -> None:
     ev = binproto.TensorChunk(index=0, name="x", offset=0, data=memoryview(b"a"))
     with pytest.raises(LocalProtocolError):
         TensorAssembler().feed(ev)
+
+
+def test_message_bundles_header_and_tensors() -> None:
+    body, hl, expected = _body()
+    asm = TensorAssembler()
+    with pytest.raises(LocalProtocolError):
+        asm.message()
+    _assemble(body, hl, [body], asm)
+    msg = asm.message()
+    assert isinstance(msg, binproto.DecodedMessage)
+    assert msg.header is asm.header and set(msg.tensors) == set(expected)
