@@ -31,6 +31,7 @@ def test_docs_example_catches_a_broken_handler() -> None:
     code = example_code().replace(
         "content_encoding=binproto.content_encoding_from(headers)", "content_encoding=None"
     )
+    assert code != example_code(), "the example no longer reads Content-Encoding this way"
     exec(compile(code, str(DOC), "exec"), namespace)
     try:
         namespace["test_handler_accepts_valid_requests"]()
