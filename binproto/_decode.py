@@ -47,9 +47,55 @@ def decode(
     parser.receive_data(b"")
     if parser.content_encoding is not None:
         return _decode_compressed(parser)
-    header: InferenceHeader | None = None
+    if header_length == 0 and raw_input is not None:
+        return _decode_events(parser)
+    return _decode_plain(kind, parser, view)
+
+
+def _decode_plain(kind: Kind, parser: Parser, view: memoryview) -> DecodedMessage:
+    """Decode an uncompressed body given whole: each binary tensor an array
+    straight over its bytes in ``view``.
+
+    The parser has checked the header and the claimed sizes against the body
+    (``content_length`` is the body's length, so every tensor's bytes are
+    there and nothing follows them); what its TENSORS state would still check
+    per tensor is checked here, with its checkers: BOOL values, BYTES framing.
+    """
+    event = parser.next_event()
+    if type(event) is not HeaderParsed:  # pragma: no cover - the whole body was given
+        raise RemoteProtocolError("unexpected end of body", offset=parser.bytes_parsed)
+    header = event.header
+    role = "input" if kind == "request" else "output"
+    checks = parser._checks
     tensors: dict[str, np.ndarray[Any, Any]] = {}
     shared: list[str] = []
+    offset = header.header_length
+    for info in header.tensors:
+        size = info.binary_size
+        if size is None:
+            if info.shared_memory:
+                shared.append(info.name)
+            elif info.array is not None:
+                tensors[info.name] = info.array
+            continue
+        if info.datatype == "BYTES":
+            framer = BytesFramer(f"{role} '{info.name}'", info.elements, size, offset)
+            tensors[info.name] = framer.split(view[offset : offset + size]).reshape(info.shape)
+        else:
+            check = checks[info.index]
+            if check is not None:
+                check(view[offset : offset + size], 0)
+            # A view of the caller's buffer: no copy.
+            tensors[info.name] = np.ndarray(info.shape, info.dtype, view, offset)
+        offset += size
+    return DecodedMessage(header=header, tensors=tensors, shared_memory=tuple(shared))
+
+
+def _decode_events(parser: Parser) -> DecodedMessage:
+    """Decode a whole raw binary request through the parser's events."""
+    assert parser.content_encoding is None
+    header: InferenceHeader | None = None
+    tensors: dict[str, np.ndarray[Any, Any]] = {}
     pieces: list[memoryview] = []
     while True:
         event = parser.next_event()
@@ -58,30 +104,16 @@ def decode(
         if type(event) is TensorChunk:
             pieces.append(event.data)
         elif type(event) is TensorComplete:
-            info = event.info
-            if info.binary_size is not None:
-                # One piece when the body is one buffer: a view, not a copy.
-                buf: Any = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-                if info.datatype == "BYTES":
-                    role = "input" if kind == "request" else "output"
-                    base = parser.bytes_parsed - info.binary_size
-                    framer = BytesFramer(
-                        f"{role} '{info.name}'", info.elements, info.binary_size, base
-                    )
-                    tensors[info.name] = framer.split(buf).reshape(info.shape)
-                else:
-                    tensors[info.name] = array_from_bytes(info, buf)
-                pieces = []
-            elif info.shared_memory:
-                shared.append(info.name)
-            elif info.array is not None:
-                tensors[info.name] = info.array
+            # A raw BYTES element comes as its synthesized prefix, then its bytes.
+            buf: Any = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            tensors[event.info.name] = array_from_bytes(event.info, buf)
+            pieces = []
         elif type(event) is HeaderParsed:
             header = event.header
-        else:
+        elif type(event) is MessageComplete:
             break
     assert header is not None
-    return DecodedMessage(header=header, tensors=tensors, shared_memory=tuple(shared))
+    return DecodedMessage(header=header, tensors=tensors)
 
 
 def _decode_compressed(parser: Parser) -> DecodedMessage:

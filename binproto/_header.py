@@ -13,6 +13,7 @@ from ._datatypes import DATATYPES, DataType
 from ._errors import RemoteProtocolError
 from ._json import json_data_to_array
 from ._limits import Limits
+from ._twin import twin
 
 __all__ = ["InferenceHeader", "Kind", "RequestedOutput", "TensorInfo", "build_header"]
 
@@ -125,6 +126,66 @@ class InferenceHeader:
         raise KeyError(name)
 
 
+_TensorInfoFields = twin(TensorInfo)
+_new = object.__new__
+
+
+def _binary_info(
+    index: int, name: str, datatype: str, shape: tuple[int, ...], params: dict[str, Any], size: int
+) -> TensorInfo:
+    """A TensorInfo for a binary tensor, built without the frozen ``__init__`` (see _twin)."""
+    t = _new(_TensorInfoFields)
+    t.index = index
+    t.name = name
+    t.datatype = datatype
+    t.shape = shape
+    t.parameters = params
+    t.binary_size = size
+    t.data = None
+    t.nbytes = size
+    t.array = None
+    t.shared_memory = False
+    t.__class__ = TensorInfo
+    info: TensorInfo = t
+    return info
+
+
+def _fast_tensor(t: Any, index: int, limits: Limits, seen: set[str]) -> TensorInfo | None:
+    """The common case, a well-formed fixed-size binary tensor, checked quickly.
+
+    Returns None for anything else, valid or not, which :func:`_tensor` then
+    checks in full (so every error message comes from one place).
+    """
+    if type(t) is not dict or "data" in t:
+        return None
+    name = t.get("name")
+    datatype = t.get("datatype")
+    shape = t.get("shape")
+    params = t.get("parameters")
+    if not (
+        type(name) is str
+        and type(datatype) is str
+        and type(shape) is list
+        and type(params) is dict
+        and name not in seen
+        and "shared_memory_region" not in params
+    ):
+        return None
+    dt = DATATYPES.get(datatype)
+    size = params.get("binary_data_size")
+    if dt is None or dt.itemsize is None or type(size) is not int:
+        return None
+    elements = 1
+    for d in shape:
+        if type(d) is not int or not 0 <= d < _U64:
+            return None
+        elements *= d
+    if size != elements * dt.itemsize or size > limits.max_tensor_bytes:
+        return None
+    seen.add(name)
+    return _binary_info(index, name, datatype, tuple(shape), params, size)
+
+
 def _fail(msg: str, status: int = 400) -> RemoteProtocolError:
     # Faults in the header's content point at the header's first byte.
     return RemoteProtocolError(msg, status_hint=status, offset=0)
@@ -212,16 +273,7 @@ def _tensor(t: Any, index: int, role: str, limits: Limits, seen: set[str]) -> Te
                 413,
             )
         _check_binary_size(dt, elements, size, label)
-        return TensorInfo(
-            index=index,
-            name=name,
-            datatype=datatype,
-            shape=shape,
-            parameters=params,
-            binary_size=size,
-            data=None,
-            nbytes=size,
-        )
+        return _binary_info(index, name, datatype, shape, params, size)
     if has_shm:
         itemsize = dt.itemsize
         shm_size = params.get("shared_memory_byte_size")
@@ -320,7 +372,10 @@ def build_header(obj: Any, kind: Kind, limits: Limits, header_length: int) -> In
     if bdo is not None and not isinstance(bdo, bool):
         raise _fail("Unable to parse 'binary_data_output': expected a bool")
     seen: set[str] = set()
-    tensors = tuple(_tensor(t, i, role, limits, seen) for i, t in enumerate(tensors_json))
+    tensors = tuple(
+        _fast_tensor(t, i, limits, seen) or _tensor(t, i, role, limits, seen)
+        for i, t in enumerate(tensors_json)
+    )
     return InferenceHeader(
         kind=kind,
         id=_optional_str(obj, "id"),

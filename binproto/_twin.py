@@ -1,0 +1,31 @@
+"""Build frozen slotted dataclass instances on hot paths.
+
+A frozen dataclass's ``__init__`` sets each field through
+``object.__setattr__``: about 0.1 µs a field here, which is most of the cost of
+a :class:`TensorChunk` per chunk or a :class:`TensorInfo` per tensor. A
+*twin*, a plain class with the same slots on the same base, is filled with
+ordinary attribute stores (which CPython specializes for slots) and then
+becomes an instance of the frozen class by assigning ``__class__``: the two
+layouts are identical, so CPython allows the switch, and the result is an
+ordinary instance of the frozen class: equal, hashable and immutable like one
+built by its ``__init__``. Only binproto's own code builds events this way; the
+values it stores are ones it has already validated.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+__all__ = ["twin"]
+
+
+def twin(cls: type) -> Any:
+    """A plain class with exactly the slots of the frozen slotted dataclass ``cls``.
+
+    Typed ``Any`` so callers can store the fields without declaring them twice.
+    """
+    slots = cls.__dict__.get("__slots__")
+    base = cls.__base__
+    if not slots or base is None or cast(Any, base).__setattr__ is not object.__setattr__:
+        raise TypeError(f"{cls.__name__} needs its own slots on a base with plain attributes")
+    return type(f"_{cls.__name__}Fields", (base,), {"__slots__": slots})
