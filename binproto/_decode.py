@@ -8,6 +8,7 @@ import numpy as np
 
 from ._assemble import DecodedMessage, TensorAssembler, array_from_bytes
 from ._bytes import BytesFramer
+from ._datatypes import DATATYPES
 from ._errors import RemoteProtocolError
 from ._events import NEED_DATA, HeaderParsed, MessageComplete, TensorChunk, TensorComplete
 from ._header import InferenceHeader, Kind
@@ -16,6 +17,8 @@ from ._parser import Parser, as_byte_view
 from ._raw import TensorSpec
 
 __all__ = ["DecodedMessage", "decode", "decode_request", "decode_response"]
+
+_DTYPES = {name: dt.dtype for name, dt in DATATYPES.items()}
 
 
 def decode(
@@ -66,11 +69,11 @@ def _decode_plain(kind: Kind, parser: Parser, view: memoryview) -> DecodedMessag
         raise RemoteProtocolError("unexpected end of body", offset=parser.bytes_parsed)
     header = event.header
     role = "input" if kind == "request" else "output"
-    checks = parser._checks
     tensors: dict[str, np.ndarray[Any, Any]] = {}
     shared: list[str] = []
     offset = header.header_length
-    for info in header.tensors:
+    array = np.ndarray
+    for info, check in zip(header.tensors, parser._checks, strict=True):
         size = info.binary_size
         if size is None:
             if info.shared_memory:
@@ -78,15 +81,15 @@ def _decode_plain(kind: Kind, parser: Parser, view: memoryview) -> DecodedMessag
             elif info.array is not None:
                 tensors[info.name] = info.array
             continue
-        if info.datatype == "BYTES":
+        datatype = info.datatype
+        if datatype == "BYTES":
             framer = BytesFramer(f"{role} '{info.name}'", info.elements, size, offset)
             tensors[info.name] = framer.split(view[offset : offset + size]).reshape(info.shape)
         else:
-            check = checks[info.index]
             if check is not None:
                 check(view[offset : offset + size], 0)
             # A view of the caller's buffer: no copy.
-            tensors[info.name] = np.ndarray(info.shape, info.dtype, view, offset)
+            tensors[info.name] = array(info.shape, _DTYPES[datatype], view, offset)
         offset += size
     return DecodedMessage(header=header, tensors=tensors, shared_memory=tuple(shared))
 

@@ -183,7 +183,21 @@ def _fast_tensor(t: Any, index: int, limits: Limits, seen: set[str]) -> TensorIn
     if size != elements * dt.itemsize or size > limits.max_tensor_bytes:
         return None
     seen.add(name)
-    return _binary_info(index, name, datatype, tuple(shape), params, size)
+    # _binary_info, inlined: this runs once per tensor of every header.
+    info = _new(_TensorInfoFields)
+    info.index = index
+    info.name = name
+    info.datatype = datatype
+    info.shape = tuple(shape)
+    info.parameters = params
+    info.binary_size = size
+    info.data = None
+    info.nbytes = size
+    info.array = None
+    info.shared_memory = False
+    info.__class__ = TensorInfo
+    built: TensorInfo = info
+    return built
 
 
 def _fail(msg: str, status: int = 400) -> RemoteProtocolError:
@@ -372,10 +386,11 @@ def build_header(obj: Any, kind: Kind, limits: Limits, header_length: int) -> In
     if bdo is not None and not isinstance(bdo, bool):
         raise _fail("Unable to parse 'binary_data_output': expected a bool")
     seen: set[str] = set()
-    tensors = tuple(
-        _fast_tensor(t, i, limits, seen) or _tensor(t, i, role, limits, seen)
-        for i, t in enumerate(tensors_json)
-    )
+    infos = []
+    for i, t in enumerate(tensors_json):
+        info = _fast_tensor(t, i, limits, seen)
+        infos.append(info if info is not None else _tensor(t, i, role, limits, seen))
+    tensors = tuple(infos)
     return InferenceHeader(
         kind=kind,
         id=_optional_str(obj, "id"),

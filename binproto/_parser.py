@@ -77,6 +77,10 @@ from ._raw import TensorSpec, raw_header
 
 __all__ = ["Parser", "ParserState", "as_byte_view"]
 
+# Limits are frozen, so parsers without their own share one (building and
+# checking a Limits costs as much as the rest of a small body's decode).
+_DEFAULT_LIMITS = Limits()
+
 _make_chunk: Callable[[int, str, int, memoryview], TensorChunk] = _fast_factory(TensorChunk)  # type: ignore[assignment]
 
 
@@ -154,7 +158,7 @@ class Parser:
         self.kind: Kind = kind
         self.header_length = header_length
         self.content_length = content_length
-        self.limits = limits if limits is not None else Limits()
+        self.limits = limits if limits is not None else _DEFAULT_LIMITS
         self.strict_bool = strict_bool
 
         self._state = ParserState.HEADER
@@ -512,7 +516,8 @@ class Parser:
     def _plan(self, header: InferenceHeader) -> None:
         """Set up per-tensor checks, and check the sizes claimed against the body."""
         start = header.header_length
-        total = start + header.binary_size
+        binary = header.binary_size
+        total = start + binary
         if total > self.limits.max_body_bytes:
             raise RemoteProtocolError(
                 f"the body would be {total} bytes, over the limit of"
@@ -520,7 +525,7 @@ class Parser:
                 status_hint=413,
                 offset=start,
             )
-        if self.header_length is None and header.binary_size:
+        if self.header_length is None and binary:
             raise RemoteProtocolError(
                 "must specify valid 'Inference-Header-Content-Length' in request header"
                 " and 'binary_data_size' when passing inputs in binary data format",
@@ -531,32 +536,32 @@ class Parser:
         if cl is not None and total != cl:
             if total > cl:
                 msg = (
-                    f"the header announces {header.binary_size} bytes of binary data,"
+                    f"the header announces {binary} bytes of binary data,"
                     f" more than the {cl - start} left in the body (Content-Length {cl})"
                 )
             else:
                 msg = (
                     f"unexpected additional input data: the body has {cl - total} bytes"
-                    f" beyond the {header.binary_size} bytes of binary data announced"
+                    f" beyond the {binary} bytes of binary data announced"
                 )
             raise RemoteProtocolError(msg, offset=start)
         role = "input" if self.kind == "request" else "output"
-        checks: list[Callable[[memoryview, int], None] | None] = []
-        framers: list[BytesFramer | None] = []
+        tensors = header.tensors
+        checks: list[Callable[[memoryview, int], None] | None] = [None] * len(tensors)
+        framers: list[BytesFramer | None] = [None] * len(tensors)
         offset = start
-        for t in header.tensors:
-            check: Callable[[memoryview, int], None] | None = None
-            framer = None
-            if t.binary_size is not None:
-                if t.datatype == "BYTES" and not self._defer_bytes:
-                    framer = BytesFramer(f"{role} '{t.name}'", t.elements, t.binary_size, offset)
-                    check = framer.feed
-                elif t.datatype == "BOOL" and self.strict_bool:
-                    check = _bool_checker(f"{role} '{t.name}'", offset)
-                offset += t.binary_size
-            checks.append(check)
-            framers.append(framer)
-        self._tensors = header.tensors
+        for i, t in enumerate(tensors):
+            size = t.binary_size
+            if size is None:
+                continue
+            if t.datatype == "BYTES" and not self._defer_bytes:
+                framer = BytesFramer(f"{role} '{t.name}'", t.elements, size, offset)
+                framers[i] = framer
+                checks[i] = framer.feed
+            elif t.datatype == "BOOL" and self.strict_bool:
+                checks[i] = _bool_checker(f"{role} '{t.name}'", offset)
+            offset += size
+        self._tensors = tensors
         self._checks = checks
         self._framers = framers
 

@@ -640,9 +640,58 @@ def test_json_errors_name_the_kind() -> None:
         (b'{"a": "]]]]"}', 1),
         (b"[[[[]]]]", 4),
         (b'"x"', 0),
+        (b'[{"a": [], "b": {}}, [[]], "", ""]', 3),
+        (b'["", "[", ""]', 1),  # a bracket in a string next to empty strings
+        (b"[[]", 2),  # unbalanced: measured by the full scan
+        (b"[}", 1),
     ],
 )
-def test_depth_scan_ignores_strings(text: bytes, depth: int) -> None:
+@pytest.mark.parametrize("limit", [0, 2, 100])
+def test_depth_scan_ignores_strings(text: bytes, depth: int, limit: int) -> None:
     from binproto._json import _max_depth
 
-    assert _max_depth(text) == depth
+    assert _max_depth(text, limit) == depth
+
+
+# JSON-like text: nested arrays and objects holding strings that may contain
+# brackets, quotes escaped or not, and now and then a stray bracket.
+_TOKENS = st.sampled_from(['""', '"x"', '"["', '"]}"', '"\\""', '"\\\\"', "1"])
+_NESTED = st.recursive(
+    _TOKENS,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3).map(lambda xs: "[" + ",".join(xs) + "]"),
+        st.lists(inner, max_size=3).map(lambda xs: "{" + ",".join(f'"k":{x}' for x in xs) + "}"),
+    ),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=st.lists(st.one_of(_NESTED, st.sampled_from(["[", "]", "}"])), min_size=1, max_size=3),
+    limit=st.integers(0, 8),
+)
+def test_depth_quick_route_agrees_with_the_full_scan(text: list[str], limit: int) -> None:
+    from binproto import _json
+
+    raw = "".join(text).encode()
+    assert _json._max_depth(raw, limit) == _full_depth(raw), raw
+
+
+def _full_depth(raw: bytes) -> int:
+    """The depth by a plain walk over the bytes (the reference for the scan)."""
+    from binproto._json import _STRING
+
+    if b"\\" in raw:
+        raw = _STRING.sub(b'""', raw)
+    depth = best = 0
+    inside = False
+    for c in raw:
+        if c == 0x22:
+            inside = not inside
+        elif not inside and c in b"[{":
+            depth += 1
+            best = max(best, depth)
+        elif not inside and c in b"]}":
+            depth -= 1
+    return best
