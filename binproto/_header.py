@@ -183,21 +183,7 @@ def _fast_tensor(t: Any, index: int, limits: Limits, seen: set[str]) -> TensorIn
     if size != elements * dt.itemsize or size > limits.max_tensor_bytes:
         return None
     seen.add(name)
-    # _binary_info, inlined: this runs once per tensor of every header.
-    info = _new(_TensorInfoFields)
-    info.index = index
-    info.name = name
-    info.datatype = datatype
-    info.shape = tuple(shape)
-    info.parameters = params
-    info.binary_size = size
-    info.data = None
-    info.nbytes = size
-    info.array = None
-    info.shared_memory = False
-    info.__class__ = TensorInfo
-    built: TensorInfo = info
-    return built
+    return _binary_info(index, name, datatype, tuple(shape), params, size)
 
 
 def _fail(msg: str, status: int = 400) -> RemoteProtocolError:
