@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -13,7 +13,7 @@ from ._datatypes import DATATYPES, DataType
 from ._errors import RemoteProtocolError
 from ._json import json_data_to_array
 from ._limits import Limits
-from ._twin import twin
+from ._twin import fast_constructor
 
 __all__ = ["InferenceHeader", "Kind", "RequestedOutput", "TensorInfo", "build_header"]
 
@@ -126,28 +126,16 @@ class InferenceHeader:
         raise KeyError(name)
 
 
-_TensorInfoFields = twin(TensorInfo)
-_new = object.__new__
+# Builds a TensorInfo from its ten fields, in order, without the frozen
+# ``__init__`` (see _twin): once per tensor of every header.
+_new_info: Callable[..., TensorInfo] = fast_constructor(TensorInfo)
 
 
 def _binary_info(
     index: int, name: str, datatype: str, shape: tuple[int, ...], params: dict[str, Any], size: int
 ) -> TensorInfo:
-    """A TensorInfo for a binary tensor, built without the frozen ``__init__`` (see _twin)."""
-    t = _new(_TensorInfoFields)
-    t.index = index
-    t.name = name
-    t.datatype = datatype
-    t.shape = shape
-    t.parameters = params
-    t.binary_size = size
-    t.data = None
-    t.nbytes = size
-    t.array = None
-    t.shared_memory = False
-    t.__class__ = TensorInfo
-    info: TensorInfo = t
-    return info
+    """The TensorInfo of a tensor whose ``size`` bytes are in the body."""
+    return _new_info(index, name, datatype, shape, params, size, None, size, None, False)
 
 
 def _fast_tensor(t: Any, index: int, limits: Limits, seen: set[str]) -> TensorInfo | None:

@@ -66,9 +66,8 @@ from ._events import (
     HeaderParsed,
     MessageComplete,
     NeedData,
-    TensorChunk,
     TensorComplete,
-    _fast_factory,
+    _make_chunk,
 )
 from ._header import InferenceHeader, Kind, TensorInfo, build_header
 from ._json import loads_header
@@ -80,8 +79,6 @@ __all__ = ["Parser", "ParserState", "as_byte_view"]
 # Limits are frozen, so parsers without their own share one (building and
 # checking a Limits costs as much as the rest of a small body's decode).
 _DEFAULT_LIMITS = Limits()
-
-_make_chunk: Callable[[int, str, int, memoryview], TensorChunk] = _fast_factory(TensorChunk)  # type: ignore[assignment]
 
 
 class ParserState(enum.Enum):
@@ -334,12 +331,10 @@ class Parser:
         if need:  # the hot path: more bytes of the current binary tensor
             chunks = self._chunks
             if chunks:
-                mv = chunks[0]
+                mv = chunks.popleft()
                 n = len(mv)
-                if n <= need:
-                    chunks.popleft()
-                else:
-                    chunks[0] = mv[need:]
+                if n > need:  # the chunk holds the next tensor's bytes too
+                    chunks.appendleft(mv[need:])
                     mv = mv[:need]
                     n = need
                 offset = self._toff

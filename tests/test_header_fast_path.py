@@ -127,3 +127,23 @@ def test_whole_body_tensors_are_views_of_the_body() -> None:
             assert got.dtype == want.dtype.newbyteorder("<") and got.shape == want.shape
             assert np.shares_memory(got, whole)
             assert got.flags.writeable == isinstance(buf, bytearray)
+
+
+def test_parser_chunks_are_ordinary_frozen_events() -> None:
+    data = np.arange(4, dtype=np.int32)
+    encoded = binproto.encode_response({"x": data}, model_name="m")
+    body = bytes(encoded)
+    p = binproto.Parser("response", header_length=encoded.header_length)
+    p.receive_data(body)
+    chunk = next(e for e in p.events() if isinstance(e, binproto.TensorChunk))
+    assert type(chunk) is binproto.TensorChunk and isinstance(chunk, binproto.Event)
+    made = binproto.TensorChunk(index=0, name="x", offset=0, data=chunk.data)
+    assert chunk == made
+    assert [f.name for f in dataclasses.fields(chunk)] == ["index", "name", "offset", "data"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        chunk.offset = 1  # type: ignore[misc]
+    # A new attribute fails as on any frozen slotted dataclass (the error's
+    # type differs across Python versions).
+    for event in (chunk, made):
+        with pytest.raises((AttributeError, TypeError)):
+            event.extra = 1  # type: ignore[attr-defined]
