@@ -555,16 +555,22 @@ def publish(report: dict[str, Any], args: argparse.Namespace) -> None:
         print(why or f"wrote {chart}")
         if why:
             chart = None
-    if chart is not None and chart.resolve().is_relative_to(HERE):
-        block += f"\n![benchmark chart]({chart.resolve().relative_to(HERE).as_posix()})\n"
-    md.write_text(block)
+
+    def with_chart(where: Path) -> str:
+        """The block with the chart linked relative to the directory ``where``."""
+        if chart is None or not chart.resolve().is_relative_to(where):
+            return block
+        return block + f"\n![benchmark chart]({chart.resolve().relative_to(where).as_posix()})\n"
+
+    md.write_text(with_chart(HERE))
     print(f"wrote {args.json} and {md}")
     if args.update_readme:
-        readme = HERE / "README.md"
-        if update_readme(readme, block):
-            print(f"updated {readme}")
-        else:
-            print(f"{readme} has no results markers: not updated", file=sys.stderr)
+        # benchmarks/README.md, and the project's README.md.
+        for readme in (HERE / "README.md", HERE.parent / "README.md"):
+            if update_readme(readme, with_chart(readme.parent)):
+                print(f"updated {readme}")
+            else:
+                print(f"{readme} has no results markers: not updated", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -587,7 +593,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--no-chart", action="store_true")
     ap.add_argument(
-        "--update-readme", action="store_true", help="put the table in benchmarks/README.md"
+        "--update-readme",
+        action="store_true",
+        help="put the table in benchmarks/README.md and README.md",
     )
     ap.add_argument(
         "--replay", type=Path, metavar="JSON", help="redo table, chart and README from a saved run"

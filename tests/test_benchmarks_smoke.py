@@ -140,3 +140,26 @@ def test_replay_redraws_a_saved_run(report: dict[str, Any], tmp_path: Path) -> N
     assert (tmp_path / "again.md").read_text().count("\n|") == len(
         again["rows"]
     ) + 2  # header and rule
+
+
+def test_both_readmes_carry_the_results_block() -> None:
+    from benchmarks.run import README_END, README_START
+
+    for readme in (ROOT / "README.md", BENCH / "README.md"):
+        text = readme.read_text()
+        block = text[text.index(README_START) : text.index(README_END)]
+        assert "| workload | impl |" in block
+        chart = "benchmarks/results/latest.png" if readme.parent == ROOT else "results/latest.png"
+        assert f"![benchmark chart]({chart})" in block
+
+
+def test_update_readme_replaces_only_the_marked_block(tmp_path: Path) -> None:
+    from benchmarks.run import README_END, README_START, update_readme
+
+    page = tmp_path / "README.md"
+    page.write_text(f"intro\n{README_START}\nold\n{README_END}\noutro\n")
+    assert update_readme(page, "new")
+    assert page.read_text() == f"intro\n{README_START}\nnew\n{README_END}\noutro\n"
+    plain = tmp_path / "plain.md"
+    plain.write_text("no markers\n")
+    assert not update_readme(plain, "new") and plain.read_text() == "no markers\n"
