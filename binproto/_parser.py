@@ -377,6 +377,8 @@ class Parser:
             yield event
             if type(event) is MessageComplete:
                 return
+            if self._fast_input and not self._chunks and self._need:
+                return  # mid-tensor with nothing queued: next_event would say NEED_DATA
 
     def _pull(self) -> bool:
         """Decompress one bounded step into the chunk queue (compressed bodies).

@@ -274,6 +274,28 @@ def test_events_come_one_at_a_time_and_chunks_are_views() -> None:
         p.receive_data(b"more")
 
 
+def test_events_drains_everything_queued() -> None:
+    # Several receive_data calls before draining: events() goes on until
+    # next_event() would say NEED_DATA, across the queued pieces.
+    raw = bytes(range(12))
+    header = {"inputs": [{"name": "x", "shape": [12], "datatype": "UINT8",
+                          "parameters": {"binary_data_size": 12}}]}  # fmt: skip
+    body, hl = make_body(header, raw)
+    p = Parser("request", header_length=hl)
+    p.receive_data(body[: hl + 2])
+    assert [type(e).__name__ for e in p.events()] == ["HeaderParsed", "TensorChunk"]
+    p.receive_data(body[hl + 2 : hl + 5])
+    p.receive_data(body[hl + 5 : hl + 9])
+    got = list(p.events())
+    assert [(e.offset, bytes(e.data)) for e in got if isinstance(e, TensorChunk)] == [
+        (2, raw[2:5]), (5, raw[5:9])]  # fmt: skip
+    assert len(got) == 2 and p.next_event() is NEED_DATA
+    p.receive_data(body[hl + 9 :])
+    p.receive_data(b"")
+    assert [type(e).__name__ for e in p.events()] == [
+        "TensorChunk", "TensorComplete", "MessageComplete"]  # fmt: skip
+
+
 def test_content_length_ends_without_eof_and_extra_bytes_after_done_raise() -> None:
     header = {"inputs": [{"name": "x", "shape": [1], "datatype": "INT8",
                           "parameters": {"binary_data_size": 1}}]}  # fmt: skip
