@@ -171,7 +171,7 @@ def _fast_tensor(t: Any, index: int, limits: Limits, seen: set[str]) -> TensorIn
     if size != elements * dt.itemsize or size > limits.max_tensor_bytes:
         return None
     seen.add(name)
-    return _binary_info(index, name, datatype, tuple(shape), params, size)
+    return _new_info(index, name, datatype, tuple(shape), params, size, None, size, None, False)
 
 
 def _fail(msg: str, status: int = 400) -> RemoteProtocolError:
