@@ -87,8 +87,11 @@ class ByteStream(Protocol):
 
     A stream may also offer ``async receive_into(buf: memoryview) -> int``
     (bytes written into ``buf``, 0 at end of stream): then tensor bytes are
-    received in place. A stream with a timeout raises :class:`TimeoutError`
-    when a wait for the peer's bytes times out (answered with 408).
+    received in place; and ``async to_thread(fn, *args)``, which runs
+    ``fn(*args)`` in a worker thread and returns its result: then response
+    compression runs there, not on the event loop. A stream with a timeout
+    raises :class:`TimeoutError` when a wait for the peer's bytes times out
+    (answered with 408).
     """
 
     async def receive_some(self, max_bytes: int) -> Any:
@@ -493,8 +496,11 @@ class V2Server:
             default: tensor bytes compress little at any level (random floats
             hardly at all), and level 1 is two to three times faster than the
             usual 6 on them for nearly the same size. Compression costs CPU
-            time on the event loop (tens of MB/s), so it pays only on slow
-            links; ``compress_responses=False`` turns it off.
+            time (tens of MB/s), so it pays only on slow links;
+            ``compress_responses=False`` turns it off. It runs a 1 MiB piece
+            at a time in a worker thread when the stream offers ``to_thread``
+            (the asyncio and trio adapters' streams do; zlib releases the GIL),
+            so other connections are served meanwhile.
     """
 
     models: Sequence[Model] = field(default_factory=lambda: [echo_model()])
@@ -630,7 +636,13 @@ class V2Server:
     ) -> None:
         head = response_for(200, body, headers=[("Vary", "Accept-Encoding")], encoding=encoding)
         pending = [conn.send(head)]
-        for batch in send_compressed(conn, body, encoding, level=self.compression_level):
+        batches = send_compressed(conn, body, encoding, level=self.compression_level)
+        # Each step compresses up to 1 MiB: off the event loop when the stream can.
+        to_thread = getattr(stream, "to_thread", None)
+        while True:
+            batch = await to_thread(next, batches, None) if to_thread else next(batches, None)
+            if batch is None:
+                return
             pending.extend(batch)
             await stream.send_all(pending)
             pending = []

@@ -38,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from binproto import Limits
 
@@ -79,7 +79,19 @@ HIGH_WATER = 1 << 20
 STREAM_LIMIT = 1 << 20
 
 
-class StreamsStream:
+_T = TypeVar("_T")
+
+
+class _WorkerThreads:
+    """``to_thread`` for the server's streams: CPU-heavy work (response
+    compression) runs in asyncio's default executor, off the event loop."""
+
+    async def to_thread(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """Run ``fn(*args)`` in a worker thread and return its result."""
+        return await asyncio.to_thread(fn, *args)
+
+
+class StreamsStream(_WorkerThreads):
     """A :class:`~binproto.adapters._server.ByteStream` over asyncio streams."""
 
     #: Body bytes asked for per read (the StreamReader holds up to twice its limit).
@@ -225,7 +237,7 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
                 raise ConnectionResetError("the connection is closed")
 
 
-class BufferedStream:
+class BufferedStream(_WorkerThreads):
     """A :class:`~binproto.adapters._server.ByteStream` over a BufferedProtocol,
     with ``receive_into``: the kernel writes into the caller's buffer."""
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -72,6 +72,9 @@ __all__ = [
     "serve",
     "wrap",
 ]
+
+
+_T = TypeVar("_T")
 
 
 class TrioStream:
@@ -110,6 +113,11 @@ class TrioStream:
                 continue
             with self._deadline():
                 await self.stream.send_all(view)
+
+    async def to_thread(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """Run ``fn(*args)`` in a worker thread and return its result (the
+        server compresses responses there, off the event loop)."""
+        return await trio.to_thread.run_sync(fn, *args)
 
     async def aclose(self) -> None:
         """Close the stream."""

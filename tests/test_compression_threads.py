@@ -1,0 +1,107 @@
+"""The asyncio and trio servers compress responses in worker threads: the
+event loop keeps serving other connections while a large response is
+compressed."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+
+import binproto
+from binproto.adapters import asyncio as aio_adapter
+from binproto.adapters import trio as trio_adapter
+
+# A response of four 1 MiB pieces, each compressed slowly on purpose.
+X = np.arange(1 << 20, dtype=np.float32)
+PIECE_DELAY = 0.25
+
+
+class SlowCompression:
+    """Wraps binproto.compress_buffers: records the thread of every step and
+    sleeps in it, as a large, slow compression would."""
+
+    def __init__(self) -> None:
+        self.threads: list[int] = []
+        self.real = binproto.compress_buffers
+
+    def __call__(self, buffers: Iterable[Any], encoding: str, **kw: Any) -> Iterator[bytes]:
+        for piece in self.real(buffers, encoding, **kw):
+            self.threads.append(threading.get_ident())
+            time.sleep(PIECE_DELAY)
+            yield piece
+
+
+@pytest.fixture
+def slow(monkeypatch: pytest.MonkeyPatch) -> SlowCompression:
+    wrapper = SlowCompression()
+    monkeypatch.setattr(binproto, "compress_buffers", wrapper)
+    return wrapper
+
+
+def _check(slow: SlowCompression, loop_thread: int, out: dict[str, Any], waited: float) -> None:
+    np.testing.assert_array_equal(out["x"], X)
+    assert len(slow.threads) >= 4
+    assert loop_thread not in slow.threads  # every step ran off the event loop
+    # Answered while the compressed response was still being produced.
+    assert waited < PIECE_DELAY * len(slow.threads) / 2
+
+
+@pytest.mark.parametrize("zero_copy", [True, False], ids=["zero_copy", "streams"])
+def test_asyncio_server_compresses_off_the_loop(slow: SlowCompression, zero_copy: bool) -> None:
+    import asyncio
+
+    async def main() -> tuple[int, dict[str, Any], float]:
+        srv = await aio_adapter.start_server(port=0, zero_copy=zero_copy)
+        port = srv.sockets[0].getsockname()[1]
+        try:
+            async with (
+                aio_adapter.Client("127.0.0.1", port, accept_encoding="gzip") as big,
+                aio_adapter.Client("127.0.0.1", port) as small,
+            ):
+                task = asyncio.ensure_future(big.infer("echo", {"x": X}, binary_data_output=True))
+                while not slow.threads:  # compression has started
+                    await asyncio.sleep(0.01)
+                start = time.perf_counter()
+                status, _ = await small.get("/v2/health/live")
+                waited = time.perf_counter() - start
+                assert status == 200
+                return threading.get_ident(), await task, waited
+        finally:
+            srv.close()
+            await srv.wait_closed()
+
+    loop_thread, out, waited = asyncio.run(main())
+    _check(slow, loop_thread, out, waited)
+
+
+def test_trio_server_compresses_off_the_loop(slow: SlowCompression) -> None:
+    async def main() -> tuple[int, dict[str, Any], float]:
+        result: dict[str, Any] = {}
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(trio_adapter.serve, None, "127.0.0.1", 0)
+
+            async def big() -> None:
+                async with trio_adapter.Client("127.0.0.1", port, accept_encoding="gzip") as c:
+                    result["out"] = await c.infer("echo", {"x": X}, binary_data_output=True)
+
+            nursery.start_soon(big)
+            while not slow.threads:
+                await trio.sleep(0.01)
+            async with trio_adapter.Client("127.0.0.1", port) as small:
+                start = time.perf_counter()
+                status, _ = await small.get("/v2/health/live")
+                waited = time.perf_counter() - start
+            assert status == 200
+            while "out" not in result:
+                await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+        return threading.get_ident(), result["out"], waited
+
+    loop_thread, out, waited = trio.run(main)
+    _check(slow, loop_thread, out, waited)
