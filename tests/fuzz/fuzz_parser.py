@@ -5,7 +5,9 @@ Each input is split by a FuzzedDataProvider into a parser configuration (kind,
 content encoding, raw mode, whether the length is known), chunk boundaries,
 and a body. The body is parsed whole and in the fuzzed chunking; the target
 asserts that only RemoteProtocolError escapes and that both give the same
-normalized events, or the same error message and offset.
+normalized events, or the same error message and offset. When the length is
+known, the whole-body ``decode_*`` must accept the body too, or report the
+same fault.
 
 Run (see tests/fuzz/README.md)::
 
@@ -59,8 +61,10 @@ def _compress(body: bytes, how: int) -> bytes:
     return comp.compress(body) + comp.flush()
 
 
-def parse_case(data: bytes) -> tuple[Outcome, Outcome]:
-    """The whole-body and chunked outcomes of the case ``data`` encodes."""
+def parse_case(data: bytes) -> tuple[Outcome, Outcome, tuple[object, ...] | None]:
+    """The whole-body and chunked outcomes of the case ``data`` encodes, and
+    what whole-body decoding gives: ``("ok",)`` or the error's type, message
+    and offset (None when the length is not known)."""
     fdp = atheris.FuzzedDataProvider(data)
     flags = fdp.ConsumeInt(2)
     kind: binproto.Kind = "request" if flags & 1 else "response"
@@ -100,16 +104,40 @@ def parse_case(data: bytes) -> tuple[Outcome, Outcome]:
 
     whole = run(make, [body])
     chunked = run(make, split(body, cuts))
-    return whole, chunked
+    decoded: tuple[object, ...] | None = None
+    if length_known:
+        try:
+            if kind == "request":
+                binproto.decode_request(
+                    body, header_length=header_length, limits=LIMITS,
+                    content_encoding=encoding, raw_input=spec,
+                )  # fmt: skip
+            else:
+                binproto.decode_response(
+                    body, header_length=header_length, limits=LIMITS, content_encoding=encoding
+                )
+        except binproto.ProtocolError as exc:
+            decoded = (type(exc).__name__, exc.msg, exc.offset)
+        else:
+            decoded = ("ok",)
+    return whole, chunked, decoded
 
 
 def test_one_input(data: bytes) -> None:
     """The libFuzzer entry point."""
-    whole, chunked = parse_case(data)
+    whole, chunked, decoded = parse_case(data)
     for outcome in (whole, chunked):
         if outcome.error is not None:
             assert outcome.error[0] == "RemoteProtocolError", outcome.error
     assert whole == chunked, (whole, chunked)
+    if decoded is not None:
+        if whole.error is None:
+            assert decoded == ("ok",), decoded
+        else:
+            assert decoded == ("RemoteProtocolError", whole.error[1], whole.error[3]), (
+                decoded,
+                whole.error,
+            )
 
 
 def main() -> None:
