@@ -28,7 +28,7 @@ from binproto._assemble import Destinations
 from binproto._compression import normalize_encoding
 from binproto._http import header_value
 
-from ._server import BodyReader, ByteStream, MessageBody
+from ._server import BodyReader, ByteStream, MessageBody, write_compressed
 from .h11 import HTTPError, error_message, parser_for, request_for, send_body, send_compressed
 
 __all__ = ["COMPRESSION_LEVEL", "ClientCore", "HTTPError", "ResponseStream"]
@@ -268,11 +268,8 @@ class ClientCore:
         if encoding is None:
             await stream.send_all([conn.send(head), *send_body(conn, body)])
             return
-        pending = [conn.send(head)]
-        for batch in send_compressed(conn, body, encoding, level=COMPRESSION_LEVEL):
-            pending.extend(batch)
-            await stream.send_all(pending)
-            pending = []
+        batches = send_compressed(conn, body, encoding, level=COMPRESSION_LEVEL)
+        await write_compressed(stream, conn.send(head), batches)
 
     async def infer(
         self,

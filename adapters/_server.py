@@ -20,7 +20,15 @@ from __future__ import annotations
 
 import logging
 import urllib.parse
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -115,6 +123,23 @@ class InferenceError(Exception):
 
 def _h11_error(exc: h11.ProtocolError) -> RemoteProtocolError:
     return RemoteProtocolError(str(exc), status_hint=exc.error_status_hint)
+
+
+async def write_compressed(stream: ByteStream, head: Any, batches: Iterator[list[Any]]) -> None:
+    """Write ``head``, then each batch of :func:`~binproto.adapters.h11.send_compressed`.
+
+    Each batch compresses up to 1 MiB of the body: in a worker thread when the
+    stream offers ``to_thread``, so the event loop goes on serving meanwhile.
+    """
+    to_thread = getattr(stream, "to_thread", None)
+    pending = [head]
+    while True:
+        batch = await to_thread(next, batches, None) if to_thread else next(batches, None)
+        if batch is None:
+            return
+        pending.extend(batch)
+        await stream.send_all(pending)
+        pending = []
 
 
 class BodyReader:
@@ -635,17 +660,8 @@ class V2Server:
         self, stream: ByteStream, conn: h11.Connection, body: EncodedBody, encoding: str
     ) -> None:
         head = response_for(200, body, headers=[("Vary", "Accept-Encoding")], encoding=encoding)
-        pending = [conn.send(head)]
         batches = send_compressed(conn, body, encoding, level=self.compression_level)
-        # Each step compresses up to 1 MiB: off the event loop when the stream can.
-        to_thread = getattr(stream, "to_thread", None)
-        while True:
-            batch = await to_thread(next, batches, None) if to_thread else next(batches, None)
-            if batch is None:
-                return
-            pending.extend(batch)
-            await stream.send_all(pending)
-            pending = []
+        await write_compressed(stream, conn.send(head), batches)
 
     async def _drain_small(self, reader: BodyReader) -> None:
         """Read the (expectedly empty) body of a GET."""

@@ -83,8 +83,8 @@ _T = TypeVar("_T")
 
 
 class _WorkerThreads:
-    """``to_thread`` for the server's streams: CPU-heavy work (response
-    compression) runs in asyncio's default executor, off the event loop."""
+    """``to_thread`` for the streams: CPU-heavy work (compressing a response
+    or a request) runs in asyncio's default executor, off the event loop."""
 
     async def to_thread(self, fn: Callable[..., _T], *args: Any) -> _T:
         """Run ``fn(*args)`` in a worker thread and return its result."""
@@ -279,7 +279,7 @@ class BufferedStream(_WorkerThreads):
             await closed
 
 
-class SocketStream:
+class SocketStream(_WorkerThreads):
     """A :class:`~binproto.adapters._server.ByteStream` over a plain non-blocking
     socket, with ``receive_into``: the event loop's ``sock_recv_into`` and
     ``sock_sendall`` move bytes between the kernel and the caller's buffers

@@ -115,8 +115,8 @@ class TrioStream:
                 await self.stream.send_all(view)
 
     async def to_thread(self, fn: Callable[..., _T], *args: Any) -> _T:
-        """Run ``fn(*args)`` in a worker thread and return its result (the
-        server compresses responses there, off the event loop)."""
+        """Run ``fn(*args)`` in a worker thread and return its result (bodies
+        are compressed there, off the event loop)."""
         return await trio.to_thread.run_sync(fn, *args)
 
     async def aclose(self) -> None:

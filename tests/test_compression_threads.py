@@ -1,6 +1,6 @@
-"""The asyncio and trio servers compress responses in worker threads: the
-event loop keeps serving other connections while a large response is
-compressed."""
+"""The asyncio and trio servers and clients compress bodies in worker
+threads: the event loop keeps serving other connections (and running other
+tasks) while a large response or request is compressed."""
 
 from __future__ import annotations
 
@@ -105,3 +105,63 @@ def test_trio_server_compresses_off_the_loop(slow: SlowCompression) -> None:
 
     loop_thread, out, waited = trio.run(main)
     _check(slow, loop_thread, out, waited)
+
+
+@pytest.mark.parametrize("zero_copy", [True, False], ids=["socket", "streams"])
+def test_asyncio_client_compresses_requests_off_the_loop(
+    slow: SlowCompression, zero_copy: bool
+) -> None:
+    import asyncio
+
+    async def main() -> tuple[int, dict[str, Any], int]:
+        srv = await aio_adapter.start_server(port=0)
+        port = srv.sockets[0].getsockname()[1]
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        tick = asyncio.ensure_future(ticker())
+        try:
+            async with aio_adapter.Client(
+                "127.0.0.1", port, zero_copy=zero_copy, request_encoding="gzip"
+            ) as c:
+                out = await c.infer("echo", {"x": X}, binary_data_output=True)
+        finally:
+            tick.cancel()
+            srv.close()
+            await srv.wait_closed()
+        return threading.get_ident(), out, ticks
+
+    loop_thread, out, ticks = asyncio.run(main())
+    np.testing.assert_array_equal(out["x"], X)
+    assert len(slow.threads) >= 4 and loop_thread not in slow.threads
+    # The loop kept running other tasks while the request was compressed.
+    assert ticks >= len(slow.threads) * PIECE_DELAY / 0.01 / 4
+
+
+def test_trio_client_compresses_requests_off_the_loop(slow: SlowCompression) -> None:
+    async def main() -> tuple[int, dict[str, Any], int]:
+        ticks = 0
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(trio_adapter.serve, None, "127.0.0.1", 0)
+
+            async def ticker() -> None:
+                nonlocal ticks
+                while True:
+                    await trio.sleep(0.01)
+                    ticks += 1
+
+            nursery.start_soon(ticker)
+            async with trio_adapter.Client("127.0.0.1", port, request_encoding="gzip") as c:
+                out = await c.infer("echo", {"x": X}, binary_data_output=True)
+            nursery.cancel_scope.cancel()
+        return threading.get_ident(), out, ticks
+
+    loop_thread, out, ticks = trio.run(main)
+    np.testing.assert_array_equal(out["x"], X)
+    assert len(slow.threads) >= 4 and loop_thread not in slow.threads
+    assert ticks >= len(slow.threads) * PIECE_DELAY / 0.01 / 4
