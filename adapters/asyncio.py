@@ -57,6 +57,7 @@ from ._server import (
 __all__ = [
     "BufferedStream",
     "Client",
+    "ClientCore",
     "InferRequest",
     "InferenceError",
     "Model",
@@ -413,7 +414,7 @@ class Client(ClientCore):
     ``Accept-Encoding``: compressed responses are decompressed as they are
     read, within ``limits``; ``request_encoding``
     (``"gzip"`` or ``"deflate"``) compresses request bodies (see
-    :class:`~binproto.adapters._client.ClientCore`).
+    :class:`ClientCore`).
     """
 
     def __init__(

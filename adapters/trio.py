@@ -58,6 +58,7 @@ from ._server import (
 
 __all__ = [
     "Client",
+    "ClientCore",
     "InferRequest",
     "InferenceError",
     "Model",
@@ -230,9 +231,8 @@ class Client(ClientCore):
     ``Accept-Encoding``: compressed responses are decompressed as they are
     read, within ``limits``; ``request_encoding``
     (``"gzip"`` or ``"deflate"``) compresses request bodies (see
-    :class:`~binproto.adapters._client.ClientCore`). For another kind of
-    trio stream (TLS, say), give :class:`~binproto.adapters._client.ClientCore`
-    an ``open_stream`` that returns :func:`wrap` of it.
+    :class:`ClientCore`). For another kind of trio stream (TLS, say), give
+    :class:`ClientCore` an ``open_stream`` that returns :func:`wrap` of it.
     """
 
     def __init__(

@@ -220,14 +220,13 @@ async def _streaming_client(
     """binproto's asyncio client: check each response chunk as it is parsed."""
     from binproto import TensorChunk
     from binproto.adapters import asyncio as aio
-    from binproto.adapters._client import ClientCore
 
     async def open_stream() -> _Metered:
         return _Metered(await aio.connect("127.0.0.1", port), chunk, progress)
 
     expected = x.reshape(-1).view(np.uint8)
     checked = 0
-    async with ClientCore(open_stream, host=f"127.0.0.1:{port}") as client:
+    async with aio.ClientCore(open_stream, host=f"127.0.0.1:{port}") as client:
         async with client.stream("echo", {"x": x}, binary_data_output=True) as response:
             async for event in response:
                 if type(event) is TensorChunk:

@@ -1212,3 +1212,8 @@ def test_model_api_is_public_on_every_backend() -> None:
         assert getattr(aio_adapter, name) is getattr(_server, name)
         assert getattr(trio_adapter, name) is getattr(_server, name)
         assert name in aio_adapter.__all__ and name in trio_adapter.__all__
+    # The client over any ByteStream (a custom transport, a wrapper that meters).
+    from binproto.adapters import _client
+
+    assert aio_adapter.ClientCore is trio_adapter.ClientCore is _client.ClientCore
+    assert "ClientCore" in aio_adapter.__all__ and "ClientCore" in trio_adapter.__all__

@@ -30,7 +30,6 @@ from tritonclient.utils import InferenceServerException
 import binproto
 from binproto import HeaderParsed, MessageComplete, TensorChunk, TensorComplete
 from binproto.adapters import trio as bt
-from binproto.adapters._client import ClientCore
 from binproto.adapters._server import InferenceError, InferRequest, Model, V2Server, echo_model
 from binproto.adapters.h11 import HTTPError
 from tests.helpers import bytes_tensor, make_body
@@ -804,7 +803,7 @@ def test_any_trio_stream_in_memory() -> None:
             async def open_stream() -> bt.TrioStream:
                 return bt.wrap(client_side)
 
-            async with ClientCore(open_stream, host="memory") as c:
+            async with bt.ClientCore(open_stream, host="memory") as c:
                 got = await c.infer("echo", {"x": x, "s": s}, binary_data_output=True)
                 again = await c.infer("echo", {"x": x[:3]}, binary=False)
             assert same(got["x"], x) and same(got["s"], s) and same(again["x"], x[:3])
