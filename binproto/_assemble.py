@@ -34,15 +34,14 @@ class DecodedMessage:
     shared_memory: tuple[str, ...] = ()
 
 
-def array_from_bytes(info: TensorInfo, buf: Any) -> np.ndarray[Any, Any]:
-    """The array a tensor's complete binary bytes ``buf`` stand for (no copy,
-    except BYTES, whose elements become ``bytes`` objects)."""
+def array_from_bytes(info: TensorInfo, buf: Any, offset: int = 0) -> np.ndarray[Any, Any]:
+    """The array the tensor's complete binary bytes, from ``offset`` in ``buf``,
+    stand for (no copy, except BYTES, whose elements become ``bytes`` objects)."""
     if info.datatype == "BYTES":
-        return split_bytes(buf, info.elements).reshape(info.shape)
-    arr = np.frombuffer(buf, dtype=info.dtype)
-    if info.datatype == "BOOL":
-        arr = arr.view(np.bool_)
-    return arr.reshape(info.shape)
+        return split_bytes(memoryview(buf)[offset:], info.elements).reshape(info.shape)
+    # One call makes the view with its dtype (BOOL is numpy's bool) and shape.
+    arr: np.ndarray[Any, Any] = np.ndarray(info.shape, info.dtype, buf, offset)
+    return arr
 
 
 def _address(view: memoryview) -> int:

@@ -7,8 +7,6 @@ from typing import Any
 import numpy as np
 
 from ._assemble import DecodedMessage, TensorAssembler, array_from_bytes
-from ._bytes import BytesFramer
-from ._datatypes import DATATYPES
 from ._errors import RemoteProtocolError
 from ._events import NEED_DATA, HeaderParsed, MessageComplete, TensorChunk, TensorComplete
 from ._header import InferenceHeader, Kind
@@ -17,8 +15,6 @@ from ._parser import Parser, as_byte_view
 from ._raw import TensorSpec
 
 __all__ = ["DecodedMessage", "decode", "decode_request", "decode_response"]
-
-_DTYPES = {name: dt.dtype for name, dt in DATATYPES.items()}
 
 
 def decode(
@@ -42,9 +38,6 @@ def decode(
         content_encoding=content_encoding,
         raw_input=raw_input,
     )
-    # BYTES framing of a plain body is checked below, while splitting (one
-    # walk); a compressed body's goes through the assembler, so the parser checks it.
-    parser._defer_bytes = parser.content_encoding is None
     if len(view):  # an empty chunk would already mean the end
         parser.receive_data(view)
     parser.receive_data(b"")
@@ -52,28 +45,27 @@ def decode(
         return _decode_compressed(parser)
     if header_length == 0 and raw_input is not None:
         return _decode_events(parser)
-    return _decode_plain(kind, parser, view)
+    return _decode_plain(parser, view)
 
 
-def _decode_plain(kind: Kind, parser: Parser, view: memoryview) -> DecodedMessage:
+def _decode_plain(parser: Parser, view: memoryview) -> DecodedMessage:
     """Decode an uncompressed body given whole: each binary tensor an array
     straight over its bytes in ``view``.
 
     The parser has checked the header and the claimed sizes against the body
     (``content_length`` is the body's length, so every tensor's bytes are
     there and nothing follows them); what its TENSORS state would still check
-    per tensor is checked here, with its checkers: BOOL values, BYTES framing.
+    per tensor is checked here with the parser's own checkers: BOOL values,
+    and BYTES framing while the elements are split (one walk).
     """
     event = parser.next_event()
     if type(event) is not HeaderParsed:  # pragma: no cover - the whole body was given
         raise RemoteProtocolError("unexpected end of body", offset=parser.bytes_parsed)
     header = event.header
-    role = "input" if kind == "request" else "output"
     tensors: dict[str, np.ndarray[Any, Any]] = {}
     shared: list[str] = []
     offset = header.header_length
-    array = np.ndarray
-    for info, check in zip(header.tensors, parser._checks, strict=True):
+    for info, check, framer in zip(header.tensors, parser._checks, parser._framers, strict=True):
         size = info.binary_size
         if size is None:
             if info.shared_memory:
@@ -81,15 +73,12 @@ def _decode_plain(kind: Kind, parser: Parser, view: memoryview) -> DecodedMessag
             elif info.array is not None:
                 tensors[info.name] = info.array
             continue
-        datatype = info.datatype
-        if datatype == "BYTES":
-            framer = BytesFramer(f"{role} '{info.name}'", info.elements, size, offset)
+        if framer is not None:  # BYTES
             tensors[info.name] = framer.split(view[offset : offset + size]).reshape(info.shape)
         else:
             if check is not None:
                 check(view[offset : offset + size], 0)
-            # A view of the caller's buffer: no copy.
-            tensors[info.name] = array(info.shape, _DTYPES[datatype], view, offset)
+            tensors[info.name] = array_from_bytes(info, view, offset)
         offset += size
     return DecodedMessage(header=header, tensors=tensors, shared_memory=tuple(shared))
 

@@ -200,8 +200,6 @@ class Parser:
         self._header: InferenceHeader | None = None
         self._body_total: int | None = None  # body length the header announces
 
-        # Whole-body decoding checks BYTES framing while splitting (one walk).
-        self._defer_bytes = False
         self._tensors: tuple[TensorInfo, ...] = ()
         self._checks: list[Callable[[memoryview, int], None] | None] = []
         self._framers: list[BytesFramer | None] = []
@@ -551,7 +549,7 @@ class Parser:
             size = t.binary_size
             if size is None:
                 continue
-            if t.datatype == "BYTES" and not self._defer_bytes:
+            if t.datatype == "BYTES":
                 framer = BytesFramer(f"{role} '{t.name}'", t.elements, size, offset)
                 framers[i] = framer
                 checks[i] = framer.feed
