@@ -238,7 +238,21 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
                 raise ConnectionResetError("the connection is closed")
 
 
-class BufferedStream(_WorkerThreads):
+class _ReceiveInto(_WorkerThreads):
+    """``receive_some`` for streams whose primitive is ``receive_into``."""
+
+    async def receive_into(self, view: memoryview) -> int:
+        raise NotImplementedError
+
+    async def receive_some(self, max_bytes: int) -> bytes:
+        """Up to ``max_bytes`` bytes; ``b""`` at end of stream."""
+        buf = bytearray(max_bytes)
+        n = await self.receive_into(memoryview(buf))
+        del buf[n:]
+        return bytes(buf)
+
+
+class BufferedStream(_ReceiveInto):
     """A :class:`~binproto.adapters._server.ByteStream` over a BufferedProtocol,
     with ``receive_into``: the kernel writes into the caller's buffer."""
 
@@ -249,13 +263,6 @@ class BufferedStream(_WorkerThreads):
     async def receive_into(self, view: memoryview) -> int:
         """Receive up to ``len(view)`` bytes into ``view``; 0 at end of stream."""
         return await asyncio.wait_for(self._protocol.receive_into(view), self.timeout)
-
-    async def receive_some(self, max_bytes: int) -> bytes:
-        """Up to ``max_bytes`` bytes; ``b""`` at end of stream."""
-        buf = bytearray(max_bytes)
-        n = await self.receive_into(memoryview(buf))
-        del buf[n:]
-        return bytes(buf)
 
     async def send_all(self, buffers: Sequence[Any]) -> None:
         """Write each buffer in turn (never joined), draining as needed."""
@@ -280,7 +287,7 @@ class BufferedStream(_WorkerThreads):
             await closed
 
 
-class SocketStream(_WorkerThreads):
+class SocketStream(_ReceiveInto):
     """A :class:`~binproto.adapters._server.ByteStream` over a plain non-blocking
     socket, with ``receive_into``: the event loop's ``sock_recv_into`` and
     ``sock_sendall`` move bytes between the kernel and the caller's buffers
@@ -298,13 +305,6 @@ class SocketStream(_WorkerThreads):
             return await asyncio.wait_for(loop.sock_recv_into(self._sock, view), self.timeout)
         except ConnectionResetError:
             return 0
-
-    async def receive_some(self, max_bytes: int) -> bytes:
-        """Up to ``max_bytes`` bytes; ``b""`` at end of stream."""
-        buf = bytearray(max_bytes)
-        n = await self.receive_into(memoryview(buf))
-        del buf[n:]
-        return bytes(buf)
 
     async def send_all(self, buffers: Sequence[Any]) -> None:
         """Send each buffer in turn, from the caller's memory (never joined or copied)."""
