@@ -50,6 +50,15 @@ RESPONSE, RESPONSE_HL = make_body(
 )
 
 
+def uint8_request(data: bytes, name: str, *, size: int | None = None) -> tuple[bytes, int]:
+    """A request of one UINT8 input ``name`` of ``size`` bytes (default
+    ``len(data)``) followed by ``data``: (body, header_length)."""
+    n = len(data) if size is None else size
+    header = {"inputs": [{"name": name, "datatype": "UINT8", "shape": [n],
+                          "parameters": {"binary_data_size": n}}]}  # fmt: skip
+    return make_body(header, data)
+
+
 def raw_deflate(data: bytes, level: int = 6) -> bytes:
     comp = zlib.compressobj(level, zlib.DEFLATED, -15)
     return comp.compress(data) + comp.flush()
@@ -127,19 +136,7 @@ def test_decode_with_content_encoding(how: str) -> None:
 
 def test_chunks_are_views_of_bounded_decompressed_output() -> None:
     data = np.random.default_rng(0).integers(0, 4, size=3 * STEP, dtype=np.uint8)
-    plain, hl = make_body(
-        {
-            "inputs": [
-                {
-                    "name": "x",
-                    "datatype": "UINT8",
-                    "shape": [data.size],
-                    "parameters": {"binary_data_size": data.size},
-                }
-            ]
-        },
-        data.tobytes(),
-    )
+    plain, hl = uint8_request(data.tobytes(), "x")
     parser = Parser("request", header_length=hl, content_encoding="gzip")
     parser.receive_data(gzip.compress(plain))
     parser.receive_data(b"")
@@ -261,19 +258,7 @@ def test_corrupt_data_error_has_offset_of_good_output() -> None:
     # The decompressed bytes before the corrupt byte are handed out, and the
     # error offset says how many: the same for every chunking.
     data = np.random.default_rng(2).integers(0, 256, size=BLOCK * 2, dtype=np.uint8)
-    plain, hl = make_body(
-        {
-            "inputs": [
-                {
-                    "name": "x",
-                    "datatype": "UINT8",
-                    "shape": [data.size],
-                    "parameters": {"binary_data_size": data.size},
-                }
-            ]
-        },
-        data.tobytes(),
-    )
+    plain, hl = uint8_request(data.tobytes(), "x")
     body = bytearray(zlib.compress(plain, 6))
     body[BLOCK + 100 :] = b"\xff" * (len(body) - BLOCK - 100)
     reference = run(make("request", hl, "deflate"), [bytes(body)])
@@ -303,18 +288,7 @@ def test_zlib_header_sniffing_accepts_both_deflate_forms() -> None:
 
 def zeros_header(n: int) -> bytes:
     """The JSON header of a request whose one UINT8 tensor has ``n`` bytes."""
-    return make_body(
-        {
-            "inputs": [
-                {
-                    "name": "z",
-                    "datatype": "UINT8",
-                    "shape": [n],
-                    "parameters": {"binary_data_size": n},
-                }
-            ]
-        }
-    )[0]
+    return uint8_request(b"", "z", size=n)[0]
 
 
 def zeros_body(n: int) -> tuple[bytes, int]:
@@ -531,19 +505,7 @@ def test_encoder_output_compressed_round_trip(encoding: str) -> None:
 
 def test_tiny_chunks_are_gathered_not_queued_as_views() -> None:
     data = np.random.default_rng(8).integers(0, 256, size=4 * BLOCK, dtype=np.uint8)
-    plain, hl = make_body(
-        {
-            "inputs": [
-                {
-                    "name": "x",
-                    "datatype": "UINT8",
-                    "shape": [data.size],
-                    "parameters": {"binary_data_size": data.size},
-                }
-            ]
-        },
-        data.tobytes(),
-    )
+    plain, hl = uint8_request(data.tobytes(), "x")
     body = gzip.compress(plain)
     parser = Parser("request", header_length=hl, content_encoding="gzip")
     got = bytearray()
