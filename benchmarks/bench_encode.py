@@ -160,35 +160,33 @@ def bytes_rows(count: int, repeats: int) -> list[Row]:
         serialize["tritonclient.serialize_byte_tensor"] = lambda: serialize_byte_tensor(arr)
         a = binproto.join_bytes(arr.ravel().tolist()).tobytes()
         assert a == serialize_byte_tensor(arr).item(), "the two serializations differ"
-    times = interleave(serialize, repeats)
-    memory = {name: peak_extra(fn) for name, fn in serialize.items()}
     work = f"serialize BYTES {count:,} elements"
-    base = "tritonclient.serialize_byte_tensor" if have_triton else None
-    for name in serialize:
-        compare = name == "binproto.join_bytes" and base is not None
-        rows.append(
-            row(
-                work,
-                name,
-                times[name],
-                baseline=base if compare else None,
-                baseline_samples=times[base] if compare and base else None,
-                min_ratio=3.0 if compare else None,
-                peak_extra_bytes=memory[name],
-            )
-        )
+    rows += _compared(
+        work, serialize, "binproto.join_bytes", "tritonclient.serialize_byte_tensor", repeats
+    )
 
     encode: dict[str, Callable[[], object]] = {
         "binproto": lambda: binproto.encode_request({"text": arr}, id="1")
     }
     if have_triton:
         encode["tritonclient"] = lambda: _triton_request("text", arr, "BYTES")
-    times = interleave(encode, repeats)
-    memory = {name: peak_extra(fn) for name, fn in encode.items()}
-    work = f"encode BYTES request {count:,} elements"
-    base = "tritonclient" if have_triton else None
-    for name in encode:
-        compare = name == "binproto" and base is not None
+    rows += _compared(
+        f"encode BYTES request {count:,} elements", encode, "binproto", "tritonclient", repeats
+    )
+    return rows
+
+
+def _compared(
+    work: str, cases: dict[str, Callable[[], object]], ours: str, theirs: str, repeats: int
+) -> list[Row]:
+    """Time ``cases`` interleaved, with each one's peak extra memory; ``ours``
+    is compared with ``theirs`` (when present) against the 3x target."""
+    times = interleave(cases, repeats)
+    memory = {name: peak_extra(fn) for name, fn in cases.items()}
+    base = theirs if theirs in cases else None
+    rows = []
+    for name in cases:
+        compare = name == ours and base is not None
         rows.append(
             row(
                 work,
