@@ -7,7 +7,7 @@ a :class:`TensorChunk` per chunk or a :class:`TensorInfo` per tensor. A
 ordinary attribute stores (which CPython specializes for slots) and then
 becomes an instance of the frozen class by assigning ``__class__``: the two
 layouts are identical, so CPython allows the switch, and the result is an
-ordinary instance of the frozen class: equal, hashable and immutable like one
+ordinary instance of the frozen class: equal to, and as immutable as, one
 built by its ``__init__``. Only binproto's own code builds instances this way,
 from values it has already validated.
 """
