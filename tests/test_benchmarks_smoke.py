@@ -163,3 +163,10 @@ def test_update_readme_replaces_only_the_marked_block(tmp_path: Path) -> None:
     plain = tmp_path / "plain.md"
     plain.write_text("no markers\n")
     assert not update_readme(plain, "new") and plain.read_text() == "no markers\n"
+
+
+@pytest.mark.parametrize("mode", ["events", "next_event"])
+def test_instruction_count_loops_parse_to_the_end(mode: str) -> None:
+    from benchmarks.instructions import loop
+
+    loop(mode, 50)  # asserts the parser reached DONE (valgrind is not needed here)
