@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ._bytes import split_bytes
+from ._datatypes import DATATYPES
 from ._errors import LocalProtocolError
 from ._events import Event, HeaderParsed, TensorChunk, TensorComplete
 from ._header import InferenceHeader, TensorInfo
@@ -37,11 +38,18 @@ class DecodedMessage:
 def array_from_bytes(info: TensorInfo, buf: Any, offset: int = 0) -> np.ndarray[Any, Any]:
     """The array the tensor's complete binary bytes, from ``offset`` in ``buf``,
     stand for (no copy, except BYTES, whose elements become ``bytes`` objects)."""
-    if info.datatype == "BYTES":
+    dtype = _DTYPES[info.datatype]
+    if dtype is _OBJECT:  # BYTES
         return split_bytes(memoryview(buf)[offset:], info.elements).reshape(info.shape)
     # One call makes the view with its dtype (BOOL is numpy's bool) and shape.
-    arr: np.ndarray[Any, Any] = np.ndarray(info.shape, info.dtype, buf, offset)
+    arr: np.ndarray[Any, Any] = np.ndarray(info.shape, dtype, buf, offset)
     return arr
+
+
+# Each datatype's dtype, looked up once per tensor without TensorInfo.dtype's
+# two steps.
+_DTYPES = {name: dt.dtype for name, dt in DATATYPES.items()}
+_OBJECT = _DTYPES["BYTES"]
 
 
 def _address(view: memoryview) -> int:

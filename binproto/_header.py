@@ -138,37 +138,48 @@ def _binary_info(
     return _new_info(index, name, datatype, shape, params, size, None, size, None, False)
 
 
+# Element size of each fixed-size datatype, for the quick check.
+_FIXED_ITEMSIZE: dict[str, int] = {
+    name: dt.itemsize for name, dt in DATATYPES.items() if dt.itemsize is not None
+}
+
+
 def _fast_tensor(t: Any, index: int, limits: Limits, seen: set[str]) -> TensorInfo | None:
     """The common case, a well-formed fixed-size binary tensor, checked quickly.
 
     Returns None for anything else, valid or not, which :func:`_tensor` then
     checks in full (so every error message comes from one place).
     """
-    if type(t) is not dict or "data" in t:
+    # Subscripts, with a missing key or a non-dict caught once, cost less than
+    # ``get`` calls: this runs for every tensor of every header.
+    try:
+        if "data" in t:
+            return None
+        name = t["name"]
+        datatype = t["datatype"]
+        shape = t["shape"]
+        params = t["parameters"]
+        if (
+            type(t) is not dict
+            or type(name) is not str
+            or type(datatype) is not str
+            or type(shape) is not list
+            or type(params) is not dict
+            or name in seen
+            or "shared_memory_region" in params
+        ):
+            return None
+        size = params["binary_data_size"]
+        nbytes = _FIXED_ITEMSIZE[datatype]
+    except (KeyError, TypeError):
         return None
-    name = t.get("name")
-    datatype = t.get("datatype")
-    shape = t.get("shape")
-    params = t.get("parameters")
-    if not (
-        type(name) is str
-        and type(datatype) is str
-        and type(shape) is list
-        and type(params) is dict
-        and name not in seen
-        and "shared_memory_region" not in params
-    ):
+    if type(size) is not int or size > limits.max_tensor_bytes:
         return None
-    dt = DATATYPES.get(datatype)
-    size = params.get("binary_data_size")
-    if dt is None or dt.itemsize is None or type(size) is not int:
-        return None
-    elements = 1
     for d in shape:
         if type(d) is not int or not 0 <= d < _U64:
             return None
-        elements *= d
-    if size != elements * dt.itemsize or size > limits.max_tensor_bytes:
+        nbytes *= d
+    if size != nbytes:
         return None
     seen.add(name)
     return _new_info(index, name, datatype, tuple(shape), params, size, None, size, None, False)

@@ -511,8 +511,27 @@ class Parser:
     def _plan(self, header: InferenceHeader) -> None:
         """Set up per-tensor checks, and check the sizes claimed against the body."""
         start = header.header_length
-        binary = header.binary_size
-        total = start + binary
+        role = "input" if self.kind == "request" else "output"
+        tensors = header.tensors
+        checks: list[Callable[[memoryview, int], None] | None] = [None] * len(tensors)
+        framers: list[BytesFramer | None] = [None] * len(tensors)
+        # One walk builds the checkers (nothing sized by the claims) and sums
+        # the claimed sizes, which are checked below before any body byte is read.
+        offset = start
+        for i, t in enumerate(tensors):
+            size = t.binary_size
+            if size is None:
+                continue
+            datatype = t.datatype
+            if datatype == "BYTES":
+                framer = BytesFramer(f"{role} '{t.name}'", t.elements, size, offset)
+                framers[i] = framer
+                checks[i] = framer.feed
+            elif datatype == "BOOL" and self.strict_bool:
+                checks[i] = _bool_checker(f"{role} '{t.name}'", offset)
+            offset += size
+        total = offset
+        binary = total - start
         if total > self.limits.max_body_bytes:
             raise RemoteProtocolError(
                 f"the body would be {total} bytes, over the limit of"
@@ -540,22 +559,6 @@ class Parser:
                     f" beyond the {binary} bytes of binary data announced"
                 )
             raise RemoteProtocolError(msg, offset=start)
-        role = "input" if self.kind == "request" else "output"
-        tensors = header.tensors
-        checks: list[Callable[[memoryview, int], None] | None] = [None] * len(tensors)
-        framers: list[BytesFramer | None] = [None] * len(tensors)
-        offset = start
-        for i, t in enumerate(tensors):
-            size = t.binary_size
-            if size is None:
-                continue
-            if t.datatype == "BYTES":
-                framer = BytesFramer(f"{role} '{t.name}'", t.elements, size, offset)
-                framers[i] = framer
-                checks[i] = framer.feed
-            elif t.datatype == "BOOL" and self.strict_bool:
-                checks[i] = _bool_checker(f"{role} '{t.name}'", offset)
-            offset += size
         self._tensors = tensors
         self._checks = checks
         self._framers = framers
