@@ -1,13 +1,17 @@
-"""Instructions per 64 KiB chunk spent by the parser, counted by callgrind.
+"""Instructions spent by the parser per 64 KiB chunk, and by whole-body
+decoding of 64 tensors of 4 KiB next to tritonclient, counted by callgrind.
 
 Times drift on a shared host; instruction counts do not. Each loop runs in
-its own interpreter under ``valgrind --tool=callgrind``, over ``--chunks``
-chunks (the same 64 KiB buffer stands for every chunk of one large tensor:
-the parser never reads tensor bytes), and the count of an empty loop over
-as many chunks is subtracted::
+its own interpreter under ``valgrind --tool=callgrind``, and the count of an
+empty loop of as many rounds, after the same set-up, is subtracted. The
+streaming loops run over ``--chunks`` chunks (the same 64 KiB buffer stands
+for every chunk of one large tensor: the parser never reads tensor bytes);
+the decode loops decode the same 64 x 4 KiB response body ``--decodes`` times
+(binproto, tritonclient, and ``json.loads`` of its header alone, the share
+neither library can avoid)::
 
-    python -m benchmarks.instructions            # events() and next_event()
-    python -m benchmarks.instructions --chunks 50000
+    python -m benchmarks.instructions            # all of them
+    python -m benchmarks.instructions --chunks 50000 --decodes 200
 
 Needs valgrind (Debian's ``valgrind`` package).
 """
@@ -27,6 +31,7 @@ import numpy as np
 import binproto
 
 CHUNK = 64 * 1024
+DECODE_MODES = ("decode-empty", "decode-binproto", "decode-tritonclient", "decode-json")
 
 
 def _chunks(count: int) -> tuple[list[memoryview], int, int]:
@@ -40,7 +45,11 @@ def _chunks(count: int) -> tuple[list[memoryview], int, int]:
 
 
 def loop(mode: str, count: int) -> None:
-    """Run one loop: ``empty``, ``events`` or ``next_event``."""
+    """Run one loop: ``empty``, ``events`` or ``next_event``, or one of
+    :data:`DECODE_MODES`."""
+    if mode in DECODE_MODES:
+        decode_loop(mode, count)
+        return
     chunks, hl, total = _chunks(count)
     if mode == "empty":
         for _c in chunks:
@@ -61,11 +70,48 @@ def loop(mode: str, count: int) -> None:
     assert p.state is binproto.ParserState.DONE
 
 
+def decode_loop(mode: str, count: int) -> None:
+    """Decode the 64 x 4 KiB response ``count`` times (``decode-empty``: set up only)."""
+    from tritonclient.http import InferenceServerClient  # imported by every mode alike
+
+    from .bench_parser import many_body
+
+    body, hl = many_body(64, 4 * 1024)
+    names = [f"output{i}" for i in range(64)]
+    header = body[:hl]
+
+    def binproto_decode() -> None:
+        tensors = binproto.decode_response(body, header_length=hl).tensors
+        for name in names:
+            tensors[name]
+
+    def tritonclient_decode() -> None:
+        result = InferenceServerClient.parse_response_body(body, header_length=hl)
+        for name in names:
+            result.as_numpy(name)
+
+    def json_only() -> None:
+        json.loads(header)
+
+    def nothing() -> None:
+        pass
+
+    run = {
+        "decode-empty": nothing,
+        "decode-binproto": binproto_decode,
+        "decode-tritonclient": tritonclient_decode,
+        "decode-json": json_only,
+    }[mode]
+    run()  # first-call work (lazy imports, caches) stays out of the rounds
+    for _ in range(count):
+        run()
+
+
 def count_instructions(mode: str, count: int) -> int:
     """Instructions the whole interpreter ran for ``loop(mode, count)``."""
     cmd = [
         "valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-        sys.executable, "-m", "benchmarks.instructions", "--run", mode, "--chunks", str(count),
+        sys.executable, "-m", "benchmarks.instructions", "--run", mode, "--count", str(count),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stderr
@@ -78,11 +124,13 @@ def count_instructions(mode: str, count: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     """The ``python -m benchmarks.instructions`` command."""
     ap = argparse.ArgumentParser(prog="python -m benchmarks.instructions")
-    ap.add_argument("--chunks", type=int, default=200_000, help="chunks per loop")
+    ap.add_argument("--chunks", type=int, default=200_000, help="chunks per streaming loop")
+    ap.add_argument("--decodes", type=int, default=500, help="decodes per decode loop")
     ap.add_argument("--run", help=argparse.SUPPRESS)  # one loop, inside valgrind
+    ap.add_argument("--count", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.run:
-        loop(args.run, args.chunks)
+        loop(args.run, args.count)
         return 0
     if shutil.which("valgrind") is None:
         print("valgrind is not installed", file=sys.stderr)
@@ -91,6 +139,14 @@ def main(argv: list[str] | None = None) -> int:
     for mode in ("events", "next_event"):
         extra = count_instructions(mode, args.chunks) - empty
         print(f"{mode}: {extra / args.chunks:,.0f} instructions per chunk")
+    n = args.decodes
+    empty = count_instructions("decode-empty", n)
+    per = {mode: (count_instructions(mode, n) - empty) / n for mode in DECODE_MODES[1:]}
+    ours, theirs, header = (per[m] for m in DECODE_MODES[1:])
+    print(
+        f"decode 64 x 4 KiB: binproto {ours:,.0f} instructions, tritonclient {theirs:,.0f}"
+        f" ({theirs / ours:.2f}x); json.loads of the header alone {header:,.0f}"
+    )
     return 0
 
 
