@@ -10,7 +10,7 @@ import numpy as np
 
 from ._bytes import split_bytes
 from ._datatypes import DATATYPES
-from ._errors import LocalProtocolError
+from ._errors import LocalProtocolError, RemoteProtocolError
 from ._events import Event, HeaderParsed, TensorChunk, TensorComplete
 from ._header import InferenceHeader, TensorInfo
 
@@ -147,7 +147,16 @@ class TensorAssembler:
         size = info.binary_size or 0
         array = self._destination(info)
         if array is None:
-            array = np.empty(size, dtype=np.uint8)
+            try:
+                array = np.empty(size, dtype=np.uint8)
+            except MemoryError:
+                # A size within the limits, but more memory than the system
+                # grants (possible when the body's length is not known up front).
+                raise RemoteProtocolError(
+                    f"cannot allocate {size} bytes for tensor '{info.name}'",
+                    status_hint=413,
+                    offset=None,
+                ) from None
             self._own.add(index)
         target = array.reshape(-1).view(np.uint8).data
         self._arrays[index] = array

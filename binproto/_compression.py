@@ -139,6 +139,25 @@ class Inflater:
         """The compressed body ended."""
         self._input_ended = True
 
+    def detach(self) -> None:
+        """Copy the queued compressed bytes that are still views of the
+        caller's chunks (less than a block waits here), so the caller may
+        reuse its buffers once the parser has asked for more data."""
+        if any(type(piece) is memoryview for piece in self._queue):
+            held = bytearray().join(self._queue)
+            self._queue = deque([held])
+            self._gather = held
+
+    @property
+    def max_output(self) -> int:
+        """Most decompressed bytes this body may produce under the limits
+        (before any is decompressed, where the compressed length is known)."""
+        limits = self._limits
+        if self._content_length is None:
+            return limits.max_decompressed_bytes
+        by_ratio = max(RATIO_FLOOR, int(limits.max_decompression_ratio * self._content_length))
+        return min(limits.max_decompressed_bytes, by_ratio)
+
     def _wire_ended(self) -> bool:
         cl = self._content_length
         return self._input_ended or (cl is not None and self._received >= cl)

@@ -179,7 +179,9 @@ def _fast_tensor(t: Any, index: int, limits: Limits, seen: set[str]) -> TensorIn
         if type(d) is not int or not 0 <= d < _U64:
             return None
         nbytes *= d
-    if size != nbytes:
+    # Zero-size, very large or many-dimensional shapes take the full check,
+    # which makes sure numpy can describe them.
+    if size != nbytes or not 0 < size <= _MAX_ARRAY_BYTES or len(shape) > MAX_DIMS:
         return None
     seen.add(name)
     return _new_info(index, name, datatype, tuple(shape), params, size, None, size, None, False)
@@ -212,10 +214,36 @@ def _is_uint(value: object) -> bool:
     return type(value) is int and 0 <= value < _U64
 
 
-def _shape(t: dict[str, Any], label: str) -> tuple[int, ...]:
+def _max_dims() -> int:
+    """Most dimensions a numpy array may have (64 from numpy 2, 32 before)."""
+    try:
+        np.empty((1,) * 64)
+    except ValueError:
+        return 32
+    return 64
+
+
+#: Most dimensions a tensor may have: numpy's limit.
+MAX_DIMS = _max_dims()
+# Largest array numpy can describe, in bytes: its size counts every non-zero
+# dimension, even in an array with a zero dimension and so no elements.
+_MAX_ARRAY_BYTES = 2**63 - 1
+
+
+def _shape(t: dict[str, Any], dt: DataType, label: str) -> tuple[int, ...]:
     shape = t.get("shape")
     if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
         raise _fail(f"Unable to parse 'shape' of {label}: expected a list of non-negative integers")
+    if len(shape) > MAX_DIMS:
+        raise _fail(
+            f"shape of {label} has {len(shape)} dimensions, more than the {MAX_DIMS} supported"
+        )
+    # numpy must be able to describe the array even when it has no elements
+    # (the size of a shape with elements is held to binary_data_size or data).
+    if 0 in shape:
+        span = math.prod(d for d in shape if d) * (dt.itemsize or dt.dtype.itemsize)
+        if span > _MAX_ARRAY_BYTES:
+            raise _fail(f"shape {shape} of {label} is too large for an array of {dt.name}")
     return tuple(shape)
 
 
@@ -235,7 +263,7 @@ def _tensor(t: Any, index: int, role: str, limits: Limits, seen: set[str]) -> Te
     dt = DATATYPES.get(datatype)
     if dt is None:
         raise _fail(f"invalid datatype '{datatype}' for {label}")
-    shape = _shape(t, label)
+    shape = _shape(t, dt, label)
     params = _parameters(t, label)
     elements = math.prod(shape)
 
@@ -265,11 +293,10 @@ def _tensor(t: Any, index: int, role: str, limits: Limits, seen: set[str]) -> Te
             raise _fail(
                 f"Unable to parse 'binary_data_size' of {label}: expected a non-negative integer"
             )
-        if size > limits.max_tensor_bytes:
+        limit = min(limits.max_tensor_bytes, _MAX_ARRAY_BYTES)  # numpy's bound, too
+        if size > limit:
             raise _fail(
-                f"binary_data_size {size} of {label} exceeds the limit of"
-                f" {limits.max_tensor_bytes} bytes",
-                413,
+                f"binary_data_size {size} of {label} exceeds the limit of {limit} bytes", 413
             )
         _check_binary_size(dt, elements, size, label)
         return _binary_info(index, name, datatype, shape, params, size)

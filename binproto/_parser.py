@@ -324,7 +324,11 @@ class Parser:
     # -- output -----------------------------------------------------------------
 
     def next_event(self) -> Event | NeedData:
-        """Return the next event, or :data:`NEED_DATA` if more bytes are needed."""
+        """Return the next event, or :data:`NEED_DATA` if more bytes are needed.
+
+        Any exception it raises leaves the parser in the ERROR state, as a
+        :class:`RemoteProtocolError` does.
+        """
         need = self._need
         if need:  # the hot path: more bytes of the current binary tensor
             chunks = self._chunks
@@ -339,7 +343,7 @@ class Parser:
                 if self._check is not None:
                     try:
                         self._check(mv, offset)
-                    except RemoteProtocolError as exc:
+                    except Exception as exc:
                         self._fail(exc)
                 self._toff = offset + n
                 self._need = need - n
@@ -351,7 +355,7 @@ class Parser:
         if state is ParserState.TENSORS:
             try:
                 return self._read_tensors()
-            except RemoteProtocolError as exc:
+            except Exception as exc:
                 self._fail(exc)
         if state is ParserState.ERROR:
             raise LocalProtocolError(
@@ -363,7 +367,7 @@ class Parser:
             if state is ParserState.HEADER:
                 return self._read_header()
             return self._read_end()
-        except RemoteProtocolError as exc:
+        except Exception as exc:
             self._fail(exc)
 
     def events(self) -> Iterator[Event]:
@@ -391,6 +395,8 @@ class Parser:
         if piece is None:
             if inflater.finished:
                 self._ended = True
+            else:  # the parser is about to ask for data: let go of the caller's buffers
+                inflater.detach()
             return False
         self._chunks.append(piece)
         return True
@@ -399,7 +405,9 @@ class Parser:
         self._state = ParserState.TENSORS
         self._fast_input = self._inflater is None and not self._input_ended
 
-    def _fail(self, exc: RemoteProtocolError) -> NoReturn:
+    def _fail(self, exc: BaseException) -> NoReturn:
+        # Not only the peer's faults: whatever stopped the parser midway, it
+        # cannot safely go on, so it stays in ERROR.
         self._state = ParserState.ERROR
         self._need = 0
         self._fast_input = False
@@ -543,6 +551,14 @@ class Parser:
             raise RemoteProtocolError(
                 "must specify valid 'Inference-Header-Content-Length' in request header"
                 " and 'binary_data_size' when passing inputs in binary data format",
+                offset=start,
+            )
+        inflater = self._inflater
+        if inflater is not None and total > inflater.max_output:
+            raise RemoteProtocolError(
+                f"the header announces a body of {total} bytes, more than the"
+                f" {inflater.max_output} bytes the {inflater.encoding} body may expand to",
+                status_hint=413,
                 offset=start,
             )
         self._body_total = total

@@ -279,6 +279,70 @@ def test_bad_dims(shape: Any) -> None:
     assert status == 400 and "shape" in msg and offset == 0
 
 
+# Shapes numpy cannot describe: a zero dimension beside dimensions whose
+# product overflows, or more dimensions than numpy allows.
+UNDESCRIBABLE = {
+    "zero beside 2**63": [0, 2**63],
+    "zero beside an overflowing product": [0, 2**62, 2**62],
+    "zero beside 2**64-1": [0, 2**64 - 1],
+    "zero beside 2**63 bytes": [0, 2**60],  # 8-byte elements
+    "65 dimensions": [1] * 65,
+}
+
+
+@pytest.mark.parametrize("shape", list(UNDESCRIBABLE.values()), ids=list(UNDESCRIBABLE))
+@pytest.mark.parametrize("as_json", [False, True], ids=["binary", "json-data"])
+def test_shapes_numpy_cannot_describe(shape: list[int], as_json: bool) -> None:
+    size = 8 if min(shape) else 0
+    if as_json:
+        header = one_input(datatype="INT64", shape=shape, data=[7] * (size // 8))
+    else:
+        header = one_input(datatype="INT64", shape=shape, parameters={"binary_data_size": size})
+    body, hl = make_body(header, bytes(0 if as_json else size))
+    _, msg, status, offset = error_of(assert_same_everywhere(request(hl), body))
+    assert status == 400 and offset == 0
+    assert ("dimensions" in msg) if len(shape) > 64 else ("too large" in msg)
+    with pytest.raises(RemoteProtocolError):
+        binproto.decode_request(body, header_length=hl)
+
+
+def test_the_largest_describable_zero_size_shape_is_accepted() -> None:
+    shape = [0, 2**60 - 1]  # 8-byte elements: just under numpy's limit (2**63 - 1 bytes)
+    body, hl = make_body(
+        one_input(datatype="INT64", shape=shape, parameters={"binary_data_size": 0})
+    )
+    out = assert_same_everywhere(request(hl), body)
+    assert out.error is None
+    assert binproto.decode_request(body, header_length=hl).tensors["x"].shape == (0, 2**60 - 1)
+
+
+def test_a_tensor_larger_than_numpy_can_describe_is_refused_whatever_the_limit() -> None:
+    limits = Limits(max_tensor_bytes=2**70, max_body_bytes=2**71)
+    body, hl = make_body(one_input(shape=[2**63], parameters={"binary_data_size": 2**63}))
+    out = assert_same_everywhere(request(hl, limits=limits), body)
+    _, msg, status, _ = error_of(out)
+    assert status == 413 and f"exceeds the limit of {2**63 - 1} bytes" in msg
+
+
+def test_any_exception_inside_next_event_leaves_the_parser_in_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import binproto._parser as parser_module
+
+    def broken(*args: Any) -> Any:
+        raise ValueError("a fault outside the protocol checks")
+
+    monkeypatch.setattr(parser_module, "build_header", broken)
+    body, hl = make_body(one_input())
+    p = request(hl)()
+    p.receive_data(body)
+    with pytest.raises(ValueError):
+        p.next_event()
+    assert p.state is binproto.ParserState.ERROR
+    with pytest.raises(binproto.LocalProtocolError):
+        p.next_event()
+
+
 @pytest.mark.parametrize("role", ["inputs", "outputs"])
 def test_duplicate_tensor_names(role: str) -> None:
     tensor = {"name": "x", "datatype": "INT8", "shape": [1], "data": [1]}

@@ -123,3 +123,23 @@ def test_message_bundles_header_and_tensors() -> None:
     msg = asm.message()
     assert isinstance(msg, binproto.DecodedMessage)
     assert msg.header is asm.header and set(msg.tensors) == set(expected)
+
+
+def test_a_size_the_system_cannot_grant_is_a_413_not_a_memory_error() -> None:
+    # With no Content-Length, a claim within the limits is all the assembler
+    # has to go by: 1 PiB is more than any machine here will reserve.
+    size = 2**50
+    limits = binproto.Limits(max_tensor_bytes=size, max_body_bytes=2 * size)
+    body, hl = make_body(
+        {"inputs": [{"name": "x", "datatype": "UINT8", "shape": [size],
+                     "parameters": {"binary_data_size": size}}]},
+        b"\0",
+    )  # fmt: skip
+    p = Parser("request", header_length=hl, limits=limits)
+    asm = TensorAssembler()
+    p.receive_data(body)
+    with pytest.raises(binproto.RemoteProtocolError) as exc:
+        for event in p.events():
+            asm.feed(event)
+    assert exc.value.status_hint == 413
+    assert f"cannot allocate {size} bytes for tensor 'x'" in exc.value.msg

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import random
 import tracemalloc
 import zlib
@@ -15,7 +16,15 @@ import pytest
 import binproto
 from binproto import LocalProtocolError, Parser, RemoteProtocolError, TensorChunk
 from binproto._compression import BLOCK, RATIO_FLOOR, STEP
-from tests.helpers import arrays_equal, assert_same_everywhere, bytes_tensor, make_body, run, split
+from tests.helpers import (
+    Outcome,
+    arrays_equal,
+    assert_same_everywhere,
+    bytes_tensor,
+    make_body,
+    run,
+    split,
+)
 
 ARR = np.arange(12, dtype=np.float32).reshape(3, 4)
 REQUEST, REQUEST_HL = make_body(
@@ -305,17 +314,45 @@ def chunkings_of(body: bytes, seed: int) -> list[list[bytes]]:
     return out
 
 
+def sole_outcome(factory: Callable[[], Parser], body: bytes, seed: int) -> Outcome:
+    """What the parser makes of ``body``: the same in every sampled chunking."""
+    outcomes = {run(factory, chunks) for chunks in chunkings_of(body, seed)}
+    assert len(outcomes) == 1
+    return outcomes.pop()
+
+
+def padded_json(n: int) -> bytes:
+    """A plain JSON request body of ``n`` bytes, mostly whitespace (which
+    compresses over 1000:1): a body that is all header."""
+    header = json.dumps({"inputs": [{"name": "a", "datatype": "INT32", "shape": [1], "data": [1]}]})
+    return header.encode().ljust(n)
+
+
 @pytest.mark.parametrize("known", [False, True])
-def test_max_decompressed_bytes_is_413_at_the_cap(known: bool) -> None:
+def test_claims_beyond_the_decompression_cap_are_413_at_the_header(known: bool) -> None:
     plain, hl = zeros_body(300_000)
     body = gzip.compress(plain)
     limits = binproto.Limits(max_decompressed_bytes=100_000)
     cl = len(body) if known else None
-    outcomes = {
-        run(make("request", hl, "gzip", cl, limits), chunks) for chunks in chunkings_of(body, 4)
-    }
-    assert len(outcomes) == 1
-    (out,) = outcomes
+    out = sole_outcome(make("request", hl, "gzip", cl, limits), body, 4)
+    # Refused from the claim, before a tensor byte is decompressed.
+    assert out.error == (
+        "RemoteProtocolError",
+        f"the header announces a body of {len(plain)} bytes, more than the 100000 bytes"
+        " the gzip body may expand to",
+        413,
+        hl,
+    )
+    assert not any(e[0] == "TensorChunk" for e in out.events)
+
+
+@pytest.mark.parametrize("known", [False, True])
+def test_max_decompressed_bytes_is_413_at_the_cap(known: bool) -> None:
+    plain = padded_json(300_000)  # no claim to check: the header itself expands
+    body = gzip.compress(plain)
+    limits = binproto.Limits(max_decompressed_bytes=100_000)
+    cl = len(body) if known else None
+    out = sole_outcome(make("request", None, "gzip", cl, limits), body, 4)
     assert out.error == (
         "RemoteProtocolError",
         "the decompressed body exceeds the limit of 100000 bytes",
@@ -324,17 +361,26 @@ def test_max_decompressed_bytes_is_413_at_the_cap(known: bool) -> None:
     )
 
 
-def test_ratio_against_content_length() -> None:
+def test_ratio_against_content_length_refuses_the_claim() -> None:
     plain, hl = zeros_body(4 * RATIO_FLOOR)
     body = gzip.compress(plain, 9)
     assert len(plain) / len(body) > 500
     limits = binproto.Limits(max_decompression_ratio=100)
-    outcomes = {
-        run(make("request", hl, "gzip", len(body), limits), chunks)
-        for chunks in chunkings_of(body, 5)
-    }
-    assert len(outcomes) == 1
-    (out,) = outcomes
+    out = sole_outcome(make("request", hl, "gzip", len(body), limits), body, 5)
+    allowed = max(RATIO_FLOOR, 100 * len(body))  # the floor, or the ratio times the wire length
+    assert out.error == (
+        "RemoteProtocolError",
+        f"the header announces a body of {len(plain)} bytes, more than the {allowed} bytes"
+        " the gzip body may expand to",
+        413,
+        hl,
+    )
+
+
+def test_ratio_against_content_length() -> None:
+    body = gzip.compress(padded_json(4 * RATIO_FLOOR), 9)
+    limits = binproto.Limits(max_decompression_ratio=100)
+    out = sole_outcome(make("request", None, "gzip", len(body), limits), body, 5)
     assert out.error is not None
     _, msg, status, offset = out.error
     assert status == 413 and "expands more than 100 times" in msg
@@ -346,9 +392,7 @@ def test_ratio_without_content_length_uses_bytes_so_far() -> None:
     plain, hl = zeros_body(4 * RATIO_FLOOR)
     body = gzip.compress(plain, 9)
     limits = binproto.Limits(max_decompression_ratio=100)
-    outcomes = {run(make("request", hl, "gzip", None, limits), c) for c in chunkings_of(body, 6)}
-    assert len(outcomes) == 1
-    (out,) = outcomes
+    out = sole_outcome(make("request", hl, "gzip", None, limits), body, 6)
     assert out.error is not None and out.error[2] == 413 and out.error[3] == RATIO_FLOOR
 
 
@@ -359,40 +403,49 @@ def test_a_compressible_body_within_the_limits_passes() -> None:
     assert msg.tensors["z"].size == RATIO_FLOOR - 1000 and not msg.tensors["z"].any()
 
 
-def gzip_bomb(total: int, segment: int = 16 * 1024 * 1024) -> bytes:
-    """A real gzip bomb: a valid header announcing ``total`` zero bytes of
-    tensor, then deflate blocks expanding to them (the trailer is left off: a
-    parser that honours its limits never gets there)."""
-    header = zeros_header(total)
+def gzip_bomb(header: bytes, total: int, fill: bytes, segment: int = 16 * 1024 * 1024) -> bytes:
+    """A real gzip bomb: ``header``, then deflate blocks expanding to ``total``
+    bytes of ``fill`` (the trailer is left off: a parser that honours its
+    limits never gets there)."""
     comp = zlib.compressobj(9, zlib.DEFLATED, -15)
     head = comp.compress(header) + comp.flush(zlib.Z_FULL_FLUSH)
-    zeros = bytes(segment)
-    first = comp.compress(zeros) + comp.flush(zlib.Z_FULL_FLUSH)
-    again = comp.compress(zeros) + comp.flush(zlib.Z_FULL_FLUSH)
+    filler = fill * segment
+    first = comp.compress(filler) + comp.flush(zlib.Z_FULL_FLUSH)
+    again = comp.compress(filler) + comp.flush(zlib.Z_FULL_FLUSH)
     # After a full flush the compressor starts afresh: every segment compresses
     # to the same bytes, so the bomb is built by repetition.
     assert again == first
-    count = total // segment
     gzip_header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"
-    return gzip_header + head + first * count
+    return gzip_header + head + first * (total // segment)
 
 
-@pytest.mark.parametrize("limited_by", ["cap", "ratio"])
-def test_gzip_bomb_stops_at_the_cap_with_flat_memory(limited_by: str) -> None:
+BOMBS = ["claims 8 GiB", "8 GiB after the message", "8 GiB of JSON, cap", "8 GiB of JSON, ratio"]
+
+
+@pytest.mark.parametrize("bomb", BOMBS)
+def test_gzip_bombs_stop_early_with_flat_memory(bomb: str) -> None:
     total = 8 * 1024**3  # 8 GiB decompressed
-    bomb = gzip_bomb(total)
-    assert len(bomb) < total // 500  # ~8 MB on the wire
-    if limited_by == "cap":
-        limits = binproto.Limits(max_decompressed_bytes=64 * 1024**2, max_decompression_ratio=1e9)
-    else:
-        limits = binproto.Limits(max_decompression_ratio=200)
-    parser = Parser(
-        "request",
-        header_length=len(zeros_header(total)),
-        content_encoding="gzip",
-        limits=limits,
-    )
-    view = memoryview(bomb)
+    header_length: int | None
+    limits = binproto.Limits()
+    if bomb == "claims 8 GiB":  # a header that announces the whole bomb
+        header = zeros_header(total)
+        header_length = len(header)
+        body = gzip_bomb(header, total, b"\0")
+    elif bomb == "8 GiB after the message":  # a small message, then the bomb
+        header, header_length = uint8_request(b"\0" * 4, "z")
+        body = gzip_bomb(header, total, b"\0")
+    else:  # a plain JSON body: all of it is header
+        header_length = None
+        body = gzip_bomb(padded_json(1000), total, b" ")
+        if bomb.endswith("cap"):
+            limits = binproto.Limits(
+                max_decompressed_bytes=4 * 1024**2, max_decompression_ratio=1e9
+            )
+        else:
+            limits = binproto.Limits(max_decompression_ratio=200)
+    assert len(body) < total // 500  # ~8 MB on the wire
+    parser = Parser("request", header_length=header_length, content_encoding="gzip", limits=limits)
+    view = memoryview(body)
     tracemalloc.start()
     try:
         with pytest.raises(RemoteProtocolError) as exc:
@@ -403,15 +456,19 @@ def test_gzip_bomb_stops_at_the_cap_with_flat_memory(limited_by: str) -> None:
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert exc.value.status_hint == 413
-    if limited_by == "cap":
-        assert exc.value.offset == 64 * 1024**2
-        assert "exceeds the limit of 67108864 bytes" in exc.value.msg
+    err = exc.value
+    if bomb == "claims 8 GiB":
+        assert err.status_hint == 413 and "the header announces a body of" in err.msg
+    elif bomb == "8 GiB after the message":
+        assert err.status_hint == 400 and "unexpected additional input data" in err.msg
+    elif bomb.endswith("cap"):
+        assert err.status_hint == 413 and err.offset == 4 * 1024**2
+        assert "exceeds the limit of 4194304 bytes" in err.msg
     else:
-        assert exc.value.offset is not None and exc.value.offset < 64 * 1024**2
-        assert "expands more than" in exc.value.msg
-    # Memory stays flat: a few decompression steps, never the decompressed size.
-    assert peak < 4 * STEP + 2 * BLOCK + 256 * 1024, peak
+        assert err.status_hint == 413 and "expands more than" in err.msg
+    # Memory stays flat: a few decompression steps, and a JSON header within
+    # its cap, never the decompressed size.
+    assert peak < 4 * STEP + 2 * BLOCK + 256 * 1024 + 2 * 4 * 1024**2, peak
 
 
 # -- compression on the sending side -------------------------------------------
@@ -537,3 +594,30 @@ def test_mislabelled_streams(label: str, how: str) -> None:
         assert out.error is not None and "invalid gzip data" in out.error[1]
     else:  # Triton inflates gzip and zlib streams under either name: so does binproto
         assert out == run(make("request", REQUEST_HL, None), [REQUEST])
+
+
+# -- buffer reuse ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", None])
+def test_one_receive_buffer_reused_after_need_data(encoding: str | None) -> None:
+    """The zero-copy rule holds for compressed bodies too: once next_event()
+    has said NEED_DATA, the buffer last passed in may be overwritten."""
+    x = np.random.default_rng(0).integers(0, 4, 200_000, dtype=np.uint8)
+    plain, hl = uint8_request(x.tobytes(), "x")
+    wire = COMPRESSORS[encoding](plain) if encoding else plain
+    parser = Parser("request", header_length=hl, content_encoding=encoding)
+    assembler = binproto.TensorAssembler()
+    buf = bytearray(5000)  # one receive buffer, refilled like recv_into's
+    for start in range(0, len(wire), len(buf)):
+        piece = wire[start : start + len(buf)]
+        buf[: len(piece)] = piece
+        parser.receive_data(memoryview(buf)[: len(piece)])
+        while (event := parser.next_event()) is not binproto.NEED_DATA:
+            assembler.feed(event)
+        buf[:] = b"\xee" * len(buf)  # scribble over it before the next read
+    parser.receive_data(b"")
+    for event in parser.events():
+        assembler.feed(event)
+    assert parser.state is binproto.ParserState.DONE
+    np.testing.assert_array_equal(assembler.tensors["x"], x)
