@@ -316,12 +316,22 @@ def compress_buffers(
     (smallest), 6 by default. The concatenated pieces are the whole
     compressed body; send them with ``Content-Encoding: <encoding>`` and keep
     Inference-Header-Content-Length as the uncompressed JSON length.
+
+    Raises :class:`LocalProtocolError` for any other ``encoding`` (identity or
+    an unsupported coding), a ``level`` outside -1..9 or a ``piece`` that is
+    not a positive int.
     """
-    name = normalize_encoding(encoding)
+    # The coding is the caller's choice here, so an unsupported one is misuse.
+    try:
+        name = normalize_encoding(encoding)
+    except RemoteProtocolError as exc:
+        raise LocalProtocolError(exc.msg) from None
     if name is None:
         raise LocalProtocolError("compress_buffers needs 'gzip' or 'deflate', not identity")
     if not (isinstance(level, int) and -1 <= level <= 9):
         raise LocalProtocolError(f"compression level must be -1..9, got {level!r}")
+    if isinstance(piece, bool) or not isinstance(piece, int) or piece <= 0:
+        raise LocalProtocolError(f"piece must be a positive int, got {piece!r}")
     comp = zlib.compressobj(level, zlib.DEFLATED, _GZIP_WBITS if name == "gzip" else _ZLIB_WBITS)
     for buf in buffers:
         view = memoryview(buf).cast("B")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ._errors import LocalProtocolError
+
 __all__ = ["Limits"]
 
 KiB = 1024
@@ -61,6 +63,11 @@ class Limits:
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"Limits.{name} must be a non-negative integer, got {value!r}")
-        if not self.max_decompression_ratio > 0:
-            raise ValueError("Limits.max_decompression_ratio must be positive")
+                raise LocalProtocolError(
+                    f"Limits.{name} must be a non-negative integer, got {value!r}"
+                )
+        ratio = self.max_decompression_ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not ratio > 0:
+            raise LocalProtocolError(
+                f"Limits.max_decompression_ratio must be a positive number, got {ratio!r}"
+            )

@@ -155,6 +155,8 @@ class Parser:
         self.kind: Kind = kind
         self.header_length = header_length
         self.content_length = content_length
+        if limits is not None and not isinstance(limits, Limits):
+            raise LocalProtocolError(f"limits must be a binproto.Limits, got {limits!r}")
         self.limits = limits if limits is not None else _DEFAULT_LIMITS
         self.strict_bool = strict_bool
 

@@ -510,10 +510,16 @@ def test_compress_buffers_rejects_misuse(encoding: str, level: Any) -> None:
         list(binproto.compress_buffers([b"x"], encoding, level=level))
 
 
-def test_compress_buffers_unknown_encoding_is_415() -> None:
-    with pytest.raises(RemoteProtocolError) as exc:
+def test_compress_buffers_unsupported_encoding_is_the_callers_misuse() -> None:
+    with pytest.raises(LocalProtocolError, match="unsupported Content-Encoding 'br'") as exc:
         list(binproto.compress_buffers([b"x"], "br"))
-    assert exc.value.status_hint == 415
+    assert exc.value.status_hint == 500
+
+
+@pytest.mark.parametrize("piece", [0, -1, 1.5, True])
+def test_compress_buffers_rejects_a_bad_piece_size(piece: Any) -> None:
+    with pytest.raises(LocalProtocolError, match="piece must be a positive int"):
+        list(binproto.compress_buffers([b"x"], "gzip", piece=piece))
 
 
 # -- real peers ---------------------------------------------------------------

@@ -341,12 +341,28 @@ def test_accepts_any_buffer() -> None:
         ({"kind": "request", "header_length": -1}, "header_length"),
         ({"kind": "request", "header_length": True}, "header_length"),
         ({"kind": "request", "content_length": 1.5}, "content_length"),
+        ({"kind": "request", "limits": {}}, "limits must be a binproto.Limits"),
     ],
 )
 def test_api_misuse_is_local(args: dict[str, Any], match: str) -> None:
     kind = args.pop("kind")
     with pytest.raises(LocalProtocolError, match=match):
         Parser(kind, **args)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"max_tensors": -1},
+        {"max_header_bytes": 1.5},
+        {"max_json_depth": True},
+        {"max_decompression_ratio": 0},
+        {"max_decompression_ratio": "100"},
+    ],
+)
+def test_bad_limits_are_local_errors(fields: dict[str, Any]) -> None:
+    with pytest.raises(LocalProtocolError, match=r"Limits\.max_"):
+        Limits(**fields)
 
 
 def test_non_buffer_is_local_error() -> None:
