@@ -331,6 +331,14 @@ def _describe(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _echo(text: str, file: IO[str] | None = None) -> None:
+    """Print ``text``, escaping what the stream cannot encode: names and
+    messages come from the peer, and a JSON string may hold a lone surrogate."""
+    stream = file if file is not None else sys.stdout
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    print(text.encode(encoding, "backslashreplace").decode(encoding), file=stream)
+
+
 def _error_dict(exc: ProtocolError) -> dict[str, Any]:
     return {
         "type": type(exc).__name__,
@@ -390,18 +398,18 @@ def _report(
             "body_bytes": parsed,
             "error": _error_dict(error) if error is not None else None,
         }
-        print(json.dumps(out, indent=2))
+        _echo(json.dumps(out, indent=2))
     else:
         if header is not None:
             print(f"header ({header.header_length} bytes):")
-            print(_abbreviated(header.raw))
+            _echo(_abbreviated(header.raw))
             print(f"{'inputs' if header.kind == 'request' else 'outputs'}:")
             for t in tensors:
-                print(_describe(t))
+                _echo(_describe(t))
         if error is None:
             print(f"body: {parsed} bytes, complete")
     if error is not None:
-        print(_error_line(error), file=sys.stderr)
+        _echo(_error_line(error), file=sys.stderr)
         return 1
     return 0
 
@@ -582,11 +590,8 @@ def _run(command: Any) -> Any:
     def run(args: argparse.Namespace) -> int:
         try:
             result: int = command(args)
-        except UsageError as exc:
-            print(f"binproto {args.command}: {exc}", file=sys.stderr)
-            return 2
-        except LocalProtocolError as exc:
-            print(f"binproto {args.command}: {exc}", file=sys.stderr)
+        except (UsageError, LocalProtocolError) as exc:
+            _echo(f"binproto {args.command}: {exc}", file=sys.stderr)
             return 2
         return result
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -411,3 +412,30 @@ def test_bytes_summary_shows_only_elements_inside_the_kept_prefix() -> None:
     summary = summaries[0].as_dict()
     assert summary["first"] == [repr(big[0])]
     assert summaries[0].count == 3
+
+
+def test_inspect_escapes_lone_surrogates_in_peer_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # JSON may escape a lone surrogate, which no output stream can encode.
+    header = (
+        b'{"inputs":[{"name":"a\\ud800","datatype":"INT32","shape":[1],"data":[1]},'
+        b'{"name":"b\\udfff","datatype":"BOOL","shape":[1],'
+        b'"parameters":{"binary_data_size":1}}]}'
+    )
+    (tmp_path / "s.bin").write_bytes(header + b"\x07")
+    argv = ["inspect", str(tmp_path / "s.bin"), "--header-length", str(len(header))]
+    code, out, err = run(argv, capsys)
+    assert code == 1
+    assert "[0] a\\ud800  INT32  shape [1]  4 bytes (json)" in out
+    assert "invalid BOOL value 7 for input 'b\\udfff'" in err
+    # A real process, whose stdout is strict UTF-8, too.
+    done = subprocess.run(
+        [sys.executable, "-m", "binproto", *argv],
+        capture_output=True,
+        env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"},
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert b"[0] a\\ud800  INT32" in done.stdout
+    assert b"input 'b\\udfff'" in done.stderr
