@@ -91,19 +91,42 @@ class ParserState(enum.Enum):
     ERROR = "ERROR"  #: a protocol error was raised; every later call raises
 
 
+_NOT_CONTIGUOUS = "buffers passed to binproto must be C-contiguous"
+
+
 def as_byte_view(data: Any) -> memoryview:
-    """A flat unsigned-byte view of any C-contiguous buffer, without copying."""
+    """A flat unsigned-byte view of any C-contiguous buffer, without copying.
+
+    A numpy array whose dtype the buffer protocol cannot describe (such as
+    ``ml_dtypes.bfloat16``) is taken as its bytes too.
+    """
     try:
         mv = memoryview(data)
     except TypeError:
         raise LocalProtocolError(
             f"expected a bytes-like object, got {type(data).__name__}"
         ) from None
+    except ValueError as exc:
+        mv = _array_bytes(data, exc)
     if not mv.c_contiguous:
-        raise LocalProtocolError("buffers passed to binproto must be C-contiguous")
+        raise LocalProtocolError(_NOT_CONTIGUOUS)
     if mv.format != "B" or mv.ndim != 1:
         mv = mv.cast("B")
     return mv
+
+
+def _array_bytes(data: Any, exc: ValueError) -> memoryview:
+    """The bytes of a numpy array ``memoryview`` refused (``exc``), as a view."""
+    if not isinstance(data, np.ndarray):
+        raise LocalProtocolError(f"cannot take the bytes of {type(data).__name__}: {exc}")
+    if not data.flags.c_contiguous:
+        raise LocalProtocolError(_NOT_CONTIGUOUS)
+    try:
+        return data.reshape(-1).view(np.uint8).data
+    except (TypeError, ValueError) as err:  # e.g. an object array: no bytes to take
+        raise LocalProtocolError(
+            f"cannot take the bytes of an array of {data.dtype}: {err}"
+        ) from None
 
 
 def _check_count(name: str, value: int | None) -> None:

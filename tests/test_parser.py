@@ -629,6 +629,24 @@ def test_strided_and_multidimensional_buffers() -> None:
     assert b"".join(bytes(e.data) for e in out) == b"\x01\x02\x03\x04"
 
 
+def test_arrays_of_any_dtype_are_taken_as_their_bytes() -> None:
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    values = np.array([[1.5, -2.0], [0.25, 3.0]], dtype=ml_dtypes.bfloat16)
+    header = {"inputs": [{"name": "x", "shape": [2, 2], "datatype": "BF16",
+                          "parameters": {"binary_data_size": 8}}]}  # fmt: skip
+    body, hl = make_body(header, values.tobytes())
+    p = Parser("request", header_length=hl, content_length=len(body))
+    p.receive_data(body[:hl])
+    assert isinstance(p.next_event(), HeaderParsed)
+    with pytest.raises(LocalProtocolError, match="C-contiguous"):
+        p.receive_data(values.T)
+    p.receive_data(values)  # bfloat16 has no buffer-protocol format
+    chunk = p.next_event()
+    assert isinstance(chunk, TensorChunk)
+    assert np.shares_memory(np.frombuffer(chunk.data, np.uint8), values)  # a view, no copy
+    assert bytes(chunk.data) == values.tobytes()
+
+
 def test_error_in_a_later_chunk_is_a_sink_too() -> None:
     header = {"inputs": [{"name": "b", "shape": [4], "datatype": "BOOL",
                           "parameters": {"binary_data_size": 4}}]}  # fmt: skip

@@ -109,6 +109,28 @@ def test_send_passes_the_callers_buffer_through() -> None:
     w.end()
 
 
+def test_send_takes_a_bfloat16_array_as_its_bytes() -> None:
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    arr = np.array([[1.5, -2.0], [0.25, 3.0]], dtype=ml_dtypes.bfloat16)
+    header = {
+        "outputs": [
+            {"name": "o", "datatype": "BF16", "shape": [4], "parameters": {"binary_data_size": 8}}
+        ]
+    }
+    w = BodyWriter(header)
+    head = w.start()
+    assert w.send("o", arr[:1]) is not None
+    w.send("o", arr[1])
+    w.end()
+    body = head + arr.tobytes()
+    msg = binproto.decode_response(body, header_length=w.header_length)
+    assert msg.tensors["o"].tobytes() == arr.tobytes()
+    w = BodyWriter(header)
+    w.start()
+    with pytest.raises(LocalProtocolError, match="C-contiguous"):
+        w.send("o", arr[:, ::1].T)  # a transposed view: not C-contiguous
+
+
 def test_streamed_body_parses_in_every_chunking() -> None:
     header = {
         "model_name": "m",
