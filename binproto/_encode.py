@@ -38,6 +38,7 @@ from ._errors import LocalProtocolError, RemoteProtocolError
 from ._header import InferenceHeader, RequestedOutput
 from ._http import message_headers
 from ._json import json_data_to_array
+from ._parser import _bool_checker
 
 __all__ = [
     "Binary",
@@ -55,6 +56,9 @@ Binary = bool | Collection[str]
 # Datatypes with no JSON form any peer accepts: always sent binary.
 _ALWAYS_BINARY = frozenset({"FP16", "BF16"})
 _RESERVED = "binary_data_size"
+# A tensor travels one way only: a header naming a region beside data or
+# binary_data_size is one the decoder refuses.
+_SHARED_MEMORY = "shared_memory_region"
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +76,9 @@ class Tensor:
       fit it.
 
     ``parameters`` are extra tensor parameters for the JSON header
-    (``binary_data_size`` is set by the encoder and may not be given).
+    (``binary_data_size`` is set by the encoder and may not be given, nor
+    ``shared_memory_region``: a tensor sent in the body is not in shared
+    memory).
     """
 
     name: str
@@ -253,6 +259,11 @@ def _prepare(name: Any, value: Any, datatype: str | None, params: Any, role: str
     parameters = check_parameters(params, label)
     if _RESERVED in parameters:
         raise _fail(f"{label}: '{_RESERVED}' is set by the encoder, not by the caller")
+    if _SHARED_MEMORY in parameters:
+        raise _fail(
+            f"{label}: '{_SHARED_MEMORY}' is for a tensor in shared memory, not one sent"
+            " with its data"
+        )
     prep = _Prepared(name=name, datatype="", shape=[], parameters=parameters)
 
     if isinstance(value, (np.ndarray, np.generic)):
@@ -271,6 +282,8 @@ def _prepare(name: Any, value: Any, datatype: str | None, params: Any, role: str
             if arr.dtype.kind in "OSU":
                 raise _fail(f"{label}: cannot send dtype {arr.dtype} as {dt.name}")
             prep.array = _wire_array(arr, dt, natural, label)
+            if dt.name == "BOOL":
+                _check_bools(prep.array, label)
         return prep
 
     if isinstance(value, (list, tuple)):
@@ -298,6 +311,24 @@ def _prepare(name: Any, value: Any, datatype: str | None, params: Any, role: str
         f"{label}: expected a numpy array, a sequence of bytes/str, a list or a"
         f" binproto.Tensor, got {type(value).__name__}"
     )
+
+
+def _check_bools(arr: np.ndarray[Any, Any], label: str) -> None:
+    """Refuse a bool array holding bytes other than 0 and 1 (numpy makes them
+    with ``view(bool)``), which a peer refuses: a read-only scan, no copy."""
+    try:
+        _bool_checker(label, 0)(arr.reshape(-1).view(np.uint8).data, 0)
+    except RemoteProtocolError as exc:
+        raise _fail(exc.msg) from None
+
+
+def _message_parameters(params: Any, where: str) -> dict[str, Any]:
+    """A request's or response's parameters: as :func:`check_parameters`, and
+    ``binary_data_output``, when present, a bool."""
+    checked = check_parameters(params, where)
+    if "binary_data_output" in checked and type(checked["binary_data_output"]) is not bool:
+        raise _fail(f"parameter 'binary_data_output' of {where} must be a bool")
+    return checked
 
 
 def _prepare_all(tensors: Any, role: str) -> list[_Prepared]:
@@ -502,7 +533,7 @@ def encode_request(
     prepared = _prepare_all(inputs, "input")
     choice = _finish_choice(prepared, _binary_choice(binary, prepared, "input"))
     tensors, buffers = _place(prepared, choice, "input")
-    params = check_parameters(parameters, "the request")
+    params = _message_parameters(parameters, "the request")
     if binary_data_output is not None:
         if not isinstance(binary_data_output, bool):
             raise _fail("binary_data_output must be a bool or None")
@@ -606,7 +637,7 @@ def encode_response(
     obj: dict[str, Any] = {"model_name": model_name}
     _put(obj, "model_version", model_version)
     _put(obj, "id", id)
-    params = check_parameters(parameters, "the response")
+    params = _message_parameters(parameters, "the response")
     if params:
         obj["parameters"] = params
     obj["outputs"] = tensors

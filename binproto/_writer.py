@@ -15,7 +15,7 @@ from ._errors import LocalProtocolError, RemoteProtocolError
 from ._header import InferenceHeader, Kind, build_header
 from ._http import message_headers
 from ._limits import Limits
-from ._parser import as_byte_view
+from ._parser import _bool_checker, as_byte_view
 
 __all__ = ["BodyWriter"]
 
@@ -65,7 +65,8 @@ class BodyWriter:
     inputs/outputs (as in parser events) or its name, and any C-contiguous
     buffer. Tensors are sent in header order, each exactly its declared size
     (zero-size tensors need no send). BYTES tensors are sent in wire form (see
-    :func:`join_bytes`); their length prefixes are checked as they pass.
+    :func:`join_bytes`); their length prefixes are checked as they pass, as
+    BOOL bytes are (0 or 1).
     Sending out of order, beyond a tensor's size, after :meth:`end`, or ending
     early raises :class:`LocalProtocolError`; after any error the writer is
     unusable and every later call raises.
@@ -236,6 +237,11 @@ class BodyWriter:
                 self._framer.feed(view, self._sent)
             except RemoteProtocolError as exc:
                 raise self._misuse(f"malformed BYTES data: {exc.msg}") from None
+        elif info.datatype == "BOOL":  # as strict as a peer's parser
+            try:
+                _bool_checker(self._label(index), self._offset - self._sent)(view, self._sent)
+            except RemoteProtocolError as exc:
+                raise self._misuse(f"{exc.msg} (body byte {exc.offset})") from None
         self._sent += n
         self._offset += n
         self._skip_complete()

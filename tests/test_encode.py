@@ -281,6 +281,85 @@ def test_local_errors(tensors: Any, binary: Any, message: str) -> None:
     assert info.value.status_hint == 500
 
 
+def _bools(*values: int) -> np.ndarray[Any, Any]:
+    """A bool array over arbitrary bytes, as ``view(bool)`` makes them."""
+    return np.array(values, np.uint8).view(np.bool_)
+
+
+SHM = {"shared_memory_region": "r"}
+
+
+@pytest.mark.parametrize(
+    ("encode", "message"),
+    [
+        (
+            lambda: binproto.encode_request([Tensor("x", np.ones(2, np.float32), parameters=SHM)]),
+            "'shared_memory_region' is for a tensor in shared memory",
+        ),
+        (
+            lambda: binproto.encode_request([Tensor("x", [1, 2], parameters=SHM)]),
+            "'shared_memory_region' is for a tensor in shared memory",
+        ),
+        (
+            lambda: binproto.encode_response(
+                [Tensor("y", np.ones(2, np.float32), parameters=SHM)], model_name="m"
+            ),
+            "output 'y': 'shared_memory_region'",
+        ),
+        (
+            lambda: binproto.encode_request([Tensor("x", [1], parameters={"binary_data_size": 8})]),
+            "'binary_data_size' is set by the encoder",
+        ),
+        (
+            lambda: binproto.encode_request({"x": [1]}, parameters={"binary_data_output": 1}),
+            "'binary_data_output' of the request must be a bool",
+        ),
+        (
+            lambda: binproto.encode_request({"x": [1]}, parameters={"binary_data_output": "true"}),
+            "'binary_data_output' of the request must be a bool",
+        ),
+        (
+            lambda: binproto.encode_response(
+                {"y": [1]}, model_name="m", parameters={"binary_data_output": 0}
+            ),
+            "'binary_data_output' of the response must be a bool",
+        ),
+        (lambda: binproto.encode_request({"x": _bools(0, 1, 2)}), "invalid BOOL value 2"),
+        (
+            lambda: binproto.encode_request({"x": _bools(1, 255)}, binary=False),
+            "invalid BOOL value 255 for input 'x'",
+        ),
+        (
+            lambda: binproto.encode_request({"x": _bools(1, 0, 7, 0)[::2]}),
+            "invalid BOOL value 7",
+        ),
+        (
+            lambda: binproto.encode_response({"y": _bools(3).reshape(())}, model_name="m"),
+            "invalid BOOL value 3 for output 'y'",
+        ),
+    ],
+)
+def test_encoder_refuses_what_a_peer_refuses(encode: Any, message: str) -> None:
+    with pytest.raises(LocalProtocolError, match=message):
+        encode()
+
+
+def test_bool_check_reads_the_array_without_copying_it() -> None:
+    import tracemalloc
+
+    arr = np.zeros(8 << 20, np.bool_)
+    arr[::3] = True
+    arr.flags.writeable = False  # only read
+    tracemalloc.start()
+    try:
+        body = binproto.encode_request({"x": arr})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < arr.nbytes // 8
+    assert np.shares_memory(np.frombuffer(body.buffers[1], np.uint8), arr)
+
+
 def test_request_arguments() -> None:
     body = binproto.encode_request(
         {"x": np.ones(1, np.float32)},
@@ -304,7 +383,9 @@ def test_request_arguments() -> None:
         RequestedOutput("c", False, {"k": 1}),
     )
     with pytest.raises(LocalProtocolError, match="both as an argument"):
-        binproto.encode_request({}, binary_data_output=True, parameters={"binary_data_output": 1})
+        binproto.encode_request(
+            {}, binary_data_output=True, parameters={"binary_data_output": False}
+        )
     with pytest.raises(LocalProtocolError, match="duplicate requested output"):
         binproto.encode_request({}, outputs=["a", "a"])
     with pytest.raises(LocalProtocolError, match="RequestedOutput"):

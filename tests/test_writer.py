@@ -309,6 +309,35 @@ def test_misuse_raises_and_the_writer_stays_failed(steps: Steps, message: str) -
         w.start()
 
 
+BOOLS = {
+    "inputs": [
+        {"name": "m", "datatype": "BOOL", "shape": [3], "parameters": {"binary_data_size": 3}}
+    ]
+}
+
+
+def test_send_checks_bool_bytes_as_a_peer_would() -> None:
+    w = BodyWriter(BOOLS)
+    w.start()
+    w.send("m", b"\x01")
+    hl = w.header_length
+    assert hl is not None
+    with pytest.raises(LocalProtocolError, match=rf"invalid BOOL value 7 .*\(body byte {hl + 2}\)"):
+        w.send("m", b"\x00\x07")
+    with pytest.raises(LocalProtocolError, match="ERROR"):
+        w.send("m", b"\x00")
+    # A bool array over other bytes than 0 and 1 (``view(bool)``) is refused too.
+    w = BodyWriter(BOOLS)
+    w.start()
+    with pytest.raises(LocalProtocolError, match="invalid BOOL value 2"):
+        w.send("m", np.array([1, 0, 2], np.uint8).view(np.bool_))
+    w = BodyWriter(BOOLS)
+    wire = w.start() + bytes(w.send("m", np.array([True, False, True])))
+    w.end()
+    msg = binproto.decode_request(wire, header_length=w.header_length)
+    assert msg.tensors["m"].tolist() == [True, False, True]
+
+
 @pytest.mark.parametrize(
     ("header", "message"),
     [
@@ -334,6 +363,21 @@ def test_misuse_raises_and_the_writer_stays_failed(steps: Steps, message: str) -
         (b"{", "not UTF-8 JSON"),
         (42, "must be a mapping, JSON bytes or an EncodedBody"),
         ({"outputs": [], "parameters": {"x": float("nan")}}, "JSON cannot carry"),
+        ({"outputs": [], "parameters": {"binary_data_output": 1}}, "expected a bool"),
+        (
+            {
+                "outputs": [
+                    {
+                        "name": "a",
+                        "datatype": "INT8",
+                        "shape": [1],
+                        "data": [1],
+                        "parameters": {"shared_memory_region": "r"},
+                    }
+                ]
+            },
+            "must set only one of the following fields",
+        ),
         (
             {
                 "outputs": [
