@@ -29,7 +29,15 @@ from binproto._compression import normalize_encoding
 from binproto._http import header_value
 
 from ._server import BodyReader, ByteStream, MessageBody, write_compressed
-from .h11 import HTTPError, error_message, parser_for, request_for, send_body, send_compressed
+from .h11 import (
+    HTTPError,
+    error_message,
+    parser_for,
+    remote_error,
+    request_for,
+    send_body,
+    send_compressed,
+)
 
 __all__ = ["COMPRESSION_LEVEL", "ClientCore", "HTTPError", "ResponseStream"]
 
@@ -149,11 +157,19 @@ class ClientCore:
 
     async def _head(self, stream: ByteStream, conn: h11.Connection) -> h11.Response:
         while True:
-            event = conn.next_event()
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError as exc:  # a garbled head, or a close before it
+                raise remote_error(exc) from None
             if type(event) is h11.Response:
                 return event
             if event is h11.NEED_DATA:
-                conn.receive_data(bytes(await stream.receive_some(1 << 16)))
+                data = bytes(await stream.receive_some(1 << 16))
+                if not data:
+                    raise binproto.RemoteProtocolError(
+                        "the server closed the connection without a response"
+                    )
+                conn.receive_data(data)
             elif type(event) is h11.InformationalResponse:
                 continue
             else:

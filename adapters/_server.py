@@ -57,9 +57,11 @@ from binproto._assemble import Destinations
 from .h11 import (
     content_length_of,
     error_response,
+    has_both_lengths,
     header_rest,
     json_response,
     parser_for,
+    remote_error,
     response_for,
     send_body,
     send_compressed,
@@ -121,10 +123,6 @@ class InferenceError(Exception):
         self.status = status
 
 
-def _h11_error(exc: h11.ProtocolError) -> RemoteProtocolError:
-    return RemoteProtocolError(str(exc), status_hint=exc.error_status_hint)
-
-
 async def write_compressed(stream: ByteStream, head: Any, batches: Iterator[list[Any]]) -> None:
     """Write ``head``, then each batch of :func:`~binproto.adapters.h11.send_compressed`.
 
@@ -176,6 +174,16 @@ class BodyReader:
         """True when :meth:`read_into` may be used now."""
         return self.direct and self._receive_into is not None
 
+    @property
+    def remaining(self) -> int | None:
+        """Body bytes still to come, when the body has a ``Content-Length``."""
+        return self._remaining
+
+    @property
+    def awaits_continue(self) -> bool:
+        """True when the peer waits for ``100 Continue`` before sending its body."""
+        return not self.done and bool(self._conn.they_are_waiting_for_100_continue)
+
     async def read(self, max_bytes: int = 1 << 62) -> Any:
         """The next piece of the body; ``b""`` at its end; None when nothing
         was read but ``direct`` just became True (try ``read_into``).
@@ -207,7 +215,7 @@ class BodyReader:
             try:
                 event = conn.next_event()
             except h11.RemoteProtocolError as exc:
-                raise _h11_error(exc) from None
+                raise remote_error(exc) from None
             if type(event) is h11.Data:
                 if self._remaining is not None:
                     self._remaining -= len(event.data)
@@ -584,7 +592,7 @@ class V2Server:
             try:
                 event = conn.next_event()
             except h11.RemoteProtocolError as exc:
-                await self._send_error_and_close(stream, conn, _h11_error(exc))
+                await self._send_error_and_close(stream, conn, remote_error(exc))
                 return None
             if type(event) is h11.Request:
                 return event
@@ -600,6 +608,9 @@ class V2Server:
         if conn.our_state is not h11.SEND_RESPONSE and conn.our_state is not h11.IDLE:
             return
         head, payload = error_response(exc)
+        head = h11.Response(
+            status_code=head.status_code, headers=[*head.headers, (b"Connection", b"close")]
+        )
         try:
             out = [
                 conn.send(head),
@@ -612,6 +623,17 @@ class V2Server:
 
     async def _respond(self, stream: ByteStream, conn: h11.Connection, req: h11.Request) -> bool:
         """Answer one request; True when the connection may serve another."""
+        if has_both_lengths(req):
+            # Two framings: whichever one is used, a peer (or a proxy in front)
+            # may have meant the other and smuggled a request into the body.
+            await self._send_error_and_close(
+                stream,
+                conn,
+                RemoteProtocolError(
+                    "a request may not carry both Content-Length and Transfer-Encoding"
+                ),
+            )
+            return False
         target = req.target.decode("latin-1")
         r = route(req.method.decode("latin-1"), target)
         reader = BodyReader(stream, conn, content_length_of(req), receive_in_place=self.zero_copy)
@@ -771,6 +793,11 @@ class V2Server:
     async def _discard(self, reader: BodyReader) -> bool:
         """Read and drop the rest of a request body, up to :data:`DISCARD_LIMIT`
         bytes; True when the whole body has been read."""
+        remaining = reader.remaining
+        if reader.awaits_continue or (remaining is not None and remaining > DISCARD_LIMIT):
+            # Never invite a body that is refused, nor read more of one than
+            # the limit: answer now, and close.
+            return False
         total = 0
         try:
             while not reader.done:

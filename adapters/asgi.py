@@ -166,6 +166,12 @@ async def iter_events(
     """
     if parser is None:
         parser = parser_from_scope(scope, limits=limits, strict_bool=strict_bool)
+    # The claims of the HTTP head (lengths against the limits, the coding) are
+    # checked before the first receive: a server answers "Expect:
+    # 100-continue" on that call, which would invite a body already refused.
+    if parser.state is ParserState.HEADER:
+        for event in parser.events():
+            yield event
     chunks = body_chunks(source) if callable(source) else source
     async for chunk in chunks:
         if not len(chunk):

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from binproto import Limits
@@ -92,6 +92,16 @@ class _WorkerThreads:
         return await asyncio.to_thread(fn, *args)
 
 
+async def _within(awaitable: Awaitable[_T], timeout: float | None) -> _T:
+    """``awaitable``'s result, or the built-in TimeoutError after ``timeout``
+    seconds (asyncio's own, a different class before Python 3.11, is what the
+    servers would otherwise not recognise)."""
+    try:
+        return await asyncio.wait_for(awaitable, timeout)
+    except asyncio.TimeoutError:
+        raise TimeoutError(f"no data from the peer within {timeout} s") from None
+
+
 class StreamsStream(_WorkerThreads):
     """A :class:`~binproto.adapters._server.ByteStream` over asyncio streams."""
 
@@ -110,7 +120,7 @@ class StreamsStream(_WorkerThreads):
 
     async def receive_some(self, max_bytes: int) -> bytes:
         """Up to ``max_bytes`` bytes; ``b""`` at end of stream."""
-        return await asyncio.wait_for(self._reader.read(max_bytes), self._timeout)
+        return await _within(self._reader.read(max_bytes), self._timeout)
 
     async def send_all(self, buffers: Sequence[Any]) -> None:
         """Write each buffer in turn (never joined), draining as needed."""
@@ -262,7 +272,7 @@ class BufferedStream(_ReceiveInto):
 
     async def receive_into(self, view: memoryview) -> int:
         """Receive up to ``len(view)`` bytes into ``view``; 0 at end of stream."""
-        return await asyncio.wait_for(self._protocol.receive_into(view), self.timeout)
+        return await _within(self._protocol.receive_into(view), self.timeout)
 
     async def send_all(self, buffers: Sequence[Any]) -> None:
         """Write each buffer in turn (never joined), draining as needed."""
@@ -302,7 +312,7 @@ class SocketStream(_ReceiveInto):
         """Receive up to ``len(view)`` bytes into ``view``; 0 at end of stream."""
         loop = asyncio.get_running_loop()
         try:
-            return await asyncio.wait_for(loop.sock_recv_into(self._sock, view), self.timeout)
+            return await _within(loop.sock_recv_into(self._sock, view), self.timeout)
         except ConnectionResetError:
             return 0
 

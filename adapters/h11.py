@@ -50,11 +50,13 @@ __all__ = [
     "error_message",
     "error_response",
     "feed",
+    "has_both_lengths",
     "header_rest",
     "json_response",
     "parser_for",
     "receive_body_into",
     "receive_events",
+    "remote_error",
     "request_for",
     "response_for",
     "send_body",
@@ -87,10 +89,34 @@ def _headers(event: h11.Request | h11.Response) -> list[tuple[bytes, bytes]]:
     return list(event.headers)
 
 
+def remote_error(exc: h11.ProtocolError) -> RemoteProtocolError:
+    """h11's complaint about the peer's HTTP, as binproto's error (with h11's
+    status hint)."""
+    return RemoteProtocolError(str(exc), status_hint=exc.error_status_hint)
+
+
 def content_length_of(event: h11.Request | h11.Response) -> int | None:
-    """The ``Content-Length`` of a message head (h11 has validated it), or None."""
-    text = header_value(_headers(event), "content-length")
-    return int(text) if text is not None else None
+    """The ``Content-Length`` of a message head (h11 has validated it), or None.
+
+    None also beside a ``Transfer-Encoding``, which frames the body instead
+    (h11 reads it so; RFC 9112, section 6.3).
+    """
+    headers = _headers(event)
+    text = header_value(headers, "content-length")
+    if text is None or header_value(headers, "transfer-encoding") is not None:
+        return None
+    return int(text)
+
+
+def has_both_lengths(event: h11.Request | h11.Response) -> bool:
+    """True when the head carries both ``Content-Length`` and
+    ``Transfer-Encoding``: a request a server must refuse or answer and then
+    close (RFC 9112, section 6.1), as a peer may mean either framing."""
+    headers = _headers(event)
+    return (
+        header_value(headers, "content-length") is not None
+        and header_value(headers, "transfer-encoding") is not None
+    )
 
 
 def parser_for(
@@ -343,6 +369,19 @@ def receive_body_into(
     h11 never sees the bytes read this way, so ``conn`` cannot go on to the
     next request/response cycle: start a new ``h11.Connection`` for it.
     """
+    try:
+        _receive_body_into(sock, conn, parser, assembler, chunk_size)
+    except h11.RemoteProtocolError as exc:  # bad chunked framing, or an early close
+        raise remote_error(exc) from None
+
+
+def _receive_body_into(
+    sock: socket.socket,
+    conn: h11.Connection,
+    parser: Parser,
+    assembler: binproto.TensorAssembler,
+    chunk_size: int,
+) -> None:
     from binproto import NEED_DATA, MessageComplete
 
     def drain() -> bool:

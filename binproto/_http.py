@@ -127,13 +127,16 @@ def content_encoding_from(headers: Headers) -> str | None:
 
 
 def content_length_from(headers: Headers) -> int | None:
-    """Read Content-Length from any header mapping or list of pairs (None when absent).
+    """Read Content-Length from any header mapping or list of pairs.
 
-    Raises :class:`RemoteProtocolError` for a value that is not a decimal
-    integer (negative ones included) or is absurdly large.
+    None when it is absent, and when Transfer-Encoding is present: the body
+    is then framed by its transfer coding, and a Content-Length beside it
+    does not count (RFC 9112, section 6.3). Raises
+    :class:`RemoteProtocolError` for a value that is not a decimal integer
+    (negative ones included) or is absurdly large.
     """
     text = header_value(headers, "Content-Length")
-    if text is None:
+    if text is None or header_value(headers, "Transfer-Encoding") is not None:
         return None
     if not text.isascii() or not text.isdigit():
         raise RemoteProtocolError(f"invalid Content-Length: {text!r}")

@@ -349,3 +349,27 @@ def test_send_compressed_yields_bounded_batches() -> None:
         if type(ev) is h11.EndOfMessage:
             break
     np.testing.assert_array_equal(asm.tensors["x"], x)
+
+
+@pytest.mark.parametrize(
+    "tail", [b"5\r\nab", b"ZZ\r\n"], ids=["closed-mid-chunk", "bad-chunk-header"]
+)
+def test_receive_body_into_reports_bad_chunked_framing_as_binproto_errors(tail: bytes) -> None:
+    body = binproto.encode_request({"x": np.zeros(4, dtype=np.int32)})
+    head = (
+        "POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+        f"Inference-Header-Content-Length: {body.header_length}\r\n\r\n"
+    ).encode()
+    a, b = socket.socketpair()
+    try:
+        a.sendall(head + tail)
+        a.shutdown(socket.SHUT_WR)
+        conn = h11.Connection(h11.SERVER)
+        while (event := conn.next_event()) is h11.NEED_DATA:
+            conn.receive_data(b.recv(65536))
+        assert isinstance(event, h11.Request)
+        with pytest.raises(RemoteProtocolError):
+            receive_body_into(b, conn, parser_for(event), TensorAssembler())
+    finally:
+        a.close()
+        b.close()

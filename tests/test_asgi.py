@@ -710,3 +710,22 @@ def test_256mib_each_way_server_memory_bounded() -> None:
     # that memory); a second full copy anywhere would add another payload.
     assert peak - baseline <= 1.5 * payload, (peak - baseline) / payload
     assert peak <= 2.5 * payload, peak / payload
+
+
+def test_claims_in_the_head_are_refused_before_the_first_receive() -> None:
+    # A server sends "100 Continue" on the app's first receive(): a body the
+    # head already rules out must be refused before it.
+    headers = [("Content-Length", str(100 << 30)), ("Inference-Header-Content-Length", "10")]
+    received: list[int] = []
+
+    async def receive() -> dict[str, Any]:
+        received.append(1)
+        return {"type": "http.request", "body": b"{", "more_body": True}
+
+    async def main() -> None:
+        async for _ in asgi.iter_events(scope_for(headers), receive):
+            pass
+
+    with pytest.raises(binproto.RemoteProtocolError) as info:
+        asyncio.run(main())
+    assert info.value.status_hint == 413 and not received

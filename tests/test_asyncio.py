@@ -5,6 +5,7 @@ peers on raw sockets, and tensors received in place."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -1217,3 +1218,110 @@ def test_model_api_is_public_on_every_backend() -> None:
 
     assert aio_adapter.ClientCore is trio_adapter.ClientCore is _client.ClientCore
     assert "ClientCore" in aio_adapter.__all__ and "ClientCore" in trio_adapter.__all__
+
+
+def test_content_length_beside_chunked_is_refused_and_closed(server: ServerThread) -> None:
+    # Read by Content-Length, the chunk's bytes would be a second request.
+    smuggled = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+    chunk = b"0\r\n\r\n" + smuggled
+    raw = (
+        b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n" + chunk
+    )
+    with _connect(server.port) as sock:
+        sock.sendall(raw)
+        status, body, closed = _read_response(sock)
+    assert status == 400 and closed
+    assert "both Content-Length and Transfer-Encoding" in json.loads(body)["error"]
+    assert_served(server.port)
+
+
+@pytest.mark.parametrize("expect", [True, False], ids=["expect-100", "plain"])
+def test_a_request_refused_from_its_head_is_answered_at_once(
+    server: ServerThread, expect: bool
+) -> None:
+    # 10 GiB announced to a model that does not exist: the answer comes
+    # without reading (or inviting) the body, and the connection closes.
+    head = (
+        "POST /v2/models/nothing/infer HTTP/1.1\r\nHost: x\r\n"
+        f"Content-Length: {10 << 30}\r\n" + ("Expect: 100-continue\r\n" if expect else "") + "\r\n"
+    ).encode()
+    with _connect(server.port) as sock:
+        sock.sendall(head + b"{")
+        first = sock.recv(65536)
+        assert first.startswith(b"HTTP/1.1 404 "), first[:40]  # no 100 Continue before it
+        rest = first
+        while chunk := sock.recv(65536):  # then the server closes
+            rest += chunk
+    assert b"connection: close" in rest.lower()
+    assert b"Request for unknown model: 'nothing' is not found" in rest
+    assert_served(server.port)
+
+
+def test_timeouts_surface_as_the_builtin_timeout_error() -> None:
+    from binproto.adapters.asyncio import _within
+
+    async def main() -> None:
+        with pytest.raises(TimeoutError):  # asyncio's own is another class before 3.11
+            await _within(asyncio.sleep(10), 0.01)
+        assert await _within(asyncio.sleep(0, "done"), 1) == "done"
+
+    run(main())
+
+
+@contextlib.asynccontextmanager
+async def replying_server(reply: bytes) -> AsyncIterator[int]:
+    """A server on a free port that answers any request head with ``reply``
+    (the request's body stays unread) and closes; yields the port."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(reply)
+        await writer.drain()
+        writer.close()
+
+    srv = await asyncio.start_server(answer, "127.0.0.1", 0)
+    try:
+        yield srv.sockets[0].getsockname()[1]
+    finally:
+        srv.close()
+        await srv.wait_closed()
+
+
+@pytest.mark.parametrize(
+    ("reply", "message"),
+    [
+        (b"", "the server closed the connection without a response"),
+        (b"HELLO WORLD\r\n\r\n", "illegal status line"),
+    ],
+    ids=["closed", "garbage"],
+)
+def test_client_errors_before_the_response_head_are_binproto_errors(
+    reply: bytes, message: str
+) -> None:
+    async def main() -> None:
+        async with replying_server(reply) as port, Client("127.0.0.1", port) as c:
+            with pytest.raises(binproto.RemoteProtocolError, match=message):
+                await c.get("/v2/health/live")
+
+    run(main())
+
+
+def test_client_frames_a_chunked_response_by_its_chunks_despite_content_length() -> None:
+    x = np.arange(4, dtype=np.float32)
+    encoded = binproto.encode_response({"x": x}, model_name="echo")
+    body, hl = bytes(encoded), encoded.header_length
+    reply = (
+        b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n"
+        + f"Inference-Header-Content-Length: {hl}\r\n\r\n".encode()
+        + f"{len(body):x}\r\n".encode()
+        + body
+        + b"\r\n0\r\n\r\n"
+    )
+
+    async def main() -> dict[str, Any]:
+        async with replying_server(reply) as port, Client("127.0.0.1", port) as c:
+            out: dict[str, Any] = await c.infer("echo", {"x": x})
+            return out
+
+    np.testing.assert_array_equal(run(main())["x"], x)

@@ -16,6 +16,7 @@ from binproto import (
     parser_from_headers,
     preferred_encoding,
 )
+from binproto._http import content_length_from
 
 
 @pytest.mark.parametrize(
@@ -203,3 +204,11 @@ def test_parser_from_headers_kind_is_checked() -> None:
 )
 def test_preferred_encoding(accept: str | None, expected: str | None) -> None:
     assert preferred_encoding(accept) == expected
+
+
+def test_content_length_beside_transfer_encoding_does_not_count() -> None:
+    headers = {"Content-Length": "5", "Transfer-Encoding": "chunked"}
+    assert content_length_from(headers) is None
+    assert content_length_from({"Content-Length": "5"}) == 5
+    parser = binproto.parser_from_headers("request", headers)
+    assert parser.content_length is None  # framed by its chunks
