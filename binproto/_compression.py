@@ -31,6 +31,7 @@ __all__ = [
     "STEP",
     "Inflater",
     "compress_buffers",
+    "inflate_whole",
     "normalize_encoding",
 ]
 
@@ -302,6 +303,23 @@ class Inflater:
                     raise self._pending
             self._out += len(out)
             return memoryview(out)
+
+
+def inflate_whole(data: memoryview, encoding: str, limits: Limits) -> bytearray:
+    """Decompress a whole compressed body, within the limits, into one buffer.
+
+    For a body whose decompressed length must be known before it is parsed
+    (a raw request whose input's shape comes from it). Raises
+    :class:`RemoteProtocolError` as :meth:`Inflater.step` does.
+    """
+    inflater = Inflater(encoding, limits, len(data))
+    if len(data):
+        inflater.feed(data)
+    inflater.end()
+    out = bytearray()
+    while (piece := inflater.step()) is not None:
+        out += piece
+    return out
 
 
 def compress_buffers(

@@ -7,11 +7,12 @@ from typing import Any
 import numpy as np
 
 from ._assemble import DecodedMessage, TensorAssembler, array_from_bytes
+from ._compression import inflate_whole, normalize_encoding
 from ._errors import RemoteProtocolError
 from ._events import NEED_DATA, HeaderParsed, MessageComplete, TensorChunk, TensorComplete
 from ._header import InferenceHeader, Kind
 from ._limits import Limits
-from ._parser import Parser, as_byte_view
+from ._parser import _DEFAULT_LIMITS, Parser, as_byte_view
 from ._raw import TensorSpec
 
 __all__ = ["DecodedMessage", "decode", "decode_request", "decode_response"]
@@ -29,6 +30,19 @@ def decode(
 ) -> DecodedMessage:
     """Decode a whole body. See :func:`decode_request`."""
     view = as_byte_view(body)
+    if (
+        header_length == 0
+        and kind == "request"
+        and isinstance(raw_input, TensorSpec)
+        and raw_input.needs_length
+        and content_encoding is not None
+    ):
+        # The raw input's shape comes from the decompressed body's length,
+        # which only decompressing tells: parse that as an uncompressed body.
+        encoding = normalize_encoding(content_encoding)
+        if encoding is not None:
+            view = memoryview(inflate_whole(view, encoding, limits or _DEFAULT_LIMITS))
+            content_encoding = None
     parser = Parser(
         kind,
         header_length=header_length,
@@ -144,7 +158,9 @@ def decode_request(
     within the limits, and its tensors are arrays holding the decompressed
     bytes (one copy, not views of ``body``). ``raw_input`` describes the
     model's input for a raw binary request (``header_length=0``); see
-    :class:`Parser`.
+    :class:`Parser`. A compressed raw body whose input takes its shape from
+    the body's length is decompressed whole first (within the limits), then
+    parsed.
     """
     return decode(
         "request",

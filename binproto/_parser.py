@@ -156,8 +156,12 @@ class Parser:
         raw_input: the model's single input, used when ``header_length`` is 0
             (a raw binary request: the body is that input's bytes). When its
             shape has a variable dimension, or it is BYTES, the body's length
-            decides the shape, so ``content_length`` of an uncompressed body is
-            required (else :class:`LocalProtocolError`).
+            decides the shape, so ``content_length`` is required (else
+            :class:`LocalProtocolError`), and the body cannot be compressed:
+            a ``content_encoding`` is then a :class:`RemoteProtocolError` with
+            status hint 415 from the first :meth:`next_event`
+            (:func:`decode_request`, which has the whole body, decompresses it
+            first).
     """
 
     def __init__(
@@ -212,9 +216,18 @@ class Parser:
             if kind != "request":
                 raise LocalProtocolError("raw_input applies to requests only")
             if self._raw.needs_length and self._decoded_length is None:
-                raise LocalProtocolError(
+                if encoding is None:  # the caller left content_length out
+                    raise LocalProtocolError(
+                        f"raw input '{self._raw.name}' takes its shape or size from the"
+                        " body's length: pass content_length"
+                    )
+                # The peer's headers chose a compressed raw body: its fault,
+                # reported by next_event like an unsupported coding.
+                self._encoding_error = RemoteProtocolError(
                     f"raw input '{self._raw.name}' takes its shape or size from the body's"
-                    " length: pass content_length (of a body without content encoding)"
+                    f" length, which a {encoding} body does not give up front: send it"
+                    " without Content-Encoding",
+                    status_hint=415,
                 )
         self._raw_prefix = b""  # bytes emitted before a raw BYTES element's
 
