@@ -23,9 +23,12 @@ not take at once; the pieces bound that copy).
 
 Server::
 
+    await binproto.adapters.asyncio.serve(port=8000)  # until cancelled
+
+    # or, to control its life:
     server = await binproto.adapters.asyncio.start_server(port=8000)
-    async with server:
-        await server.serve_forever()
+    ...
+    await binproto.adapters.asyncio.close_server(server)  # with its connections
 
 Client::
 
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -66,6 +70,7 @@ __all__ = [
     "StreamingResponse",
     "StreamsStream",
     "V2Server",
+    "close_server",
     "connect",
     "echo_model",
     "serve",
@@ -327,6 +332,12 @@ class SocketStream(_ReceiveInto):
         self._sock.close()
 
 
+# The connection tasks of each server start_server made (see close_server).
+_CONNECTIONS: weakref.WeakKeyDictionary[asyncio.Server, set[asyncio.Task[None]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 async def start_server(
     server: V2Server | None = None,
     host: str = "127.0.0.1",
@@ -340,24 +351,51 @@ async def start_server(
     ``zero_copy`` picks the BufferedProtocol transport (tensor bytes received
     in place) over asyncio streams; ``timeout`` bounds each wait for the peer's
     bytes (None: no bound). Port 0 picks a free port: read it from
-    ``server.sockets[0].getsockname()[1]``.
+    ``server.sockets[0].getsockname()[1]``. Stop it with :func:`close_server`,
+    which also ends the connections it is serving.
     """
     app = server if server is not None else V2Server()
     tasks: set[asyncio.Task[None]] = set()
 
-    def spawn(stream: BufferedStream) -> None:
-        task = asyncio.get_running_loop().create_task(app.serve_connection(stream))
+    def track(task: asyncio.Task[None]) -> None:
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
+    def spawn(stream: BufferedStream) -> None:
+        track(asyncio.get_running_loop().create_task(app.serve_connection(stream)))
+
+    srv: asyncio.Server
     if zero_copy:
         loop = asyncio.get_running_loop()
-        return await loop.create_server(lambda: _ReceiveProtocol(spawn, timeout), host, port)
+        srv = await loop.create_server(lambda: _ReceiveProtocol(spawn, timeout), host, port)
+    else:
 
-    async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await app.serve_connection(StreamsStream(reader, writer, timeout))
+        async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            track(task)
+            try:
+                await app.serve_connection(StreamsStream(reader, writer, timeout))
+            except asyncio.CancelledError:
+                # Ended by close_server (or the loop's shutdown): asyncio's
+                # streams would log a cancelled handler as an error.
+                pass
 
-    return await asyncio.start_server(on_client, host, port, limit=STREAM_LIMIT)
+        srv = await asyncio.start_server(on_client, host, port, limit=STREAM_LIMIT)
+    _CONNECTIONS[srv] = tasks
+    return srv
+
+
+async def close_server(srv: asyncio.Server) -> None:
+    """Stop ``srv`` (from :func:`start_server`): stop listening, end the
+    connections it is serving (idle keep-alive ones included), and wait until
+    they are closed. ``srv.close()`` alone leaves them running."""
+    srv.close()
+    tasks = _CONNECTIONS.pop(srv, set())
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await srv.wait_closed()
 
 
 async def serve(
@@ -369,15 +407,18 @@ async def serve(
     timeout: float | None = None,
     ready: Callable[[int], object] | None = None,
 ) -> None:
-    """Run the server until cancelled (options as for :func:`start_server`).
+    """Run the server until cancelled (options as for :func:`start_server`);
+    then its connections are closed too.
 
     ``ready(port)`` is called once listening.
     """
     srv = await start_server(server, host, port, zero_copy=zero_copy, timeout=timeout)
-    async with srv:
+    try:
         if ready is not None:
             ready(srv.sockets[0].getsockname()[1])
         await srv.serve_forever()
+    finally:
+        await close_server(srv)
 
 
 async def connect(
@@ -392,16 +433,26 @@ async def connect(
     loop = asyncio.get_running_loop()
     if zero_copy:
         infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        family, type_, proto, _, address = infos[0]
-        sock = socket.socket(family, type_, proto)
-        try:
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            await loop.sock_connect(sock, address)
-        except BaseException:
-            sock.close()
-            raise
-        return SocketStream(sock, timeout)
+        errors: list[OSError] = []
+        # Each address in turn, as open_connection does ("localhost" may be
+        # ::1 first, with the server listening on 127.0.0.1 only).
+        for family, type_, proto, _, address in infos:
+            sock = socket.socket(family, type_, proto)
+            try:
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                await loop.sock_connect(sock, address)
+            except OSError as exc:
+                sock.close()
+                errors.append(exc)
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            return SocketStream(sock, timeout)
+        if len(errors) == 1:
+            raise errors[0]
+        raise OSError(f"could not connect to {host}:{port}: {'; '.join(map(str, errors))}")
     # (asyncio sets TCP_NODELAY on its TCP transports.)
     reader, writer = await asyncio.open_connection(host, port, limit=STREAM_LIMIT)
     return StreamsStream(reader, writer, timeout)

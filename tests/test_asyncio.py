@@ -34,7 +34,7 @@ from binproto.adapters._server import (
     V2Server,
     echo_model,
 )
-from binproto.adapters.asyncio import Client, start_server
+from binproto.adapters.asyncio import Client, serve, start_server
 from binproto.adapters.h11 import HTTPError, receive_events, request_for, response_for, send_message
 from binproto.adapters.h11 import parser_for as parser_from_head
 
@@ -1325,3 +1325,74 @@ def test_client_frames_a_chunked_response_by_its_chunks_despite_content_length()
             return out
 
     np.testing.assert_array_equal(run(main())["x"], x)
+
+
+async def _idle_keep_alive_connection(
+    port: int,
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection that has been served one request and is left open, idle."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200 ")
+    return reader, writer
+
+
+@pytest.mark.parametrize("zero_copy", [True, False], ids=["zero_copy", "streams"])
+def test_close_server_ends_idle_connections(zero_copy: bool) -> None:
+    from binproto.adapters.asyncio import _CONNECTIONS, close_server
+
+    async def main() -> None:
+        srv = await start_server(port=0, zero_copy=zero_copy)
+        tasks = _CONNECTIONS[srv]
+        reader, writer = await _idle_keep_alive_connection(srv.sockets[0].getsockname()[1])
+        assert len(tasks) == 1
+        await asyncio.wait_for(close_server(srv), 10)
+        assert not tasks  # every connection task has ended
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # and closed its socket
+        writer.close()
+
+    run(main())
+
+
+def test_serve_ends_its_connections_when_cancelled() -> None:
+    async def main() -> None:
+        ports: list[int] = []
+        task = asyncio.ensure_future(serve(port=0, ready=ports.append))
+        while not ports:
+            await asyncio.sleep(0.01)
+        reader, writer = await _idle_keep_alive_connection(ports[0])
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+        writer.close()
+
+    run(main())
+
+
+def test_connect_tries_each_address_in_turn() -> None:
+    from binproto.adapters.asyncio import close_server, connect
+
+    async def main() -> None:
+        srv = await start_server(port=0)
+        port = srv.sockets[0].getsockname()[1]
+        refusing = socket.socket()  # bound, not listening: connections are refused
+        refusing.bind(("127.0.0.1", 0))
+        loop = asyncio.get_running_loop()
+        real = loop.getaddrinfo
+
+        async def refused_first(host: Any, port: Any, **kw: Any) -> Any:
+            infos = await real(host, port, **kw)
+            family, type_, proto, name, _ = infos[0]
+            return [(family, type_, proto, name, refusing.getsockname()), *infos]
+
+        loop.getaddrinfo = refused_first  # type: ignore[method-assign]
+        try:
+            stream = await connect("127.0.0.1", port)
+            await stream.aclose()
+        finally:
+            del loop.getaddrinfo
+            refusing.close()
+            await close_server(srv)
+
+    run(main())
