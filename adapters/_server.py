@@ -662,6 +662,11 @@ class V2Server:
         except TimeoutError:
             message = "timed out waiting for the request"
             return await self._error(stream, conn, InferenceError(message, 408), reader)
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            # The peer went away (reset mid-body, or closed while the response
+            # was going out): nobody to answer, and not a fault of the server.
+            log.info("connection lost while serving %s: %r", target, exc)
+            return False
         except Exception as exc:  # a handler failed: the server's fault
             log.exception("error while serving %s", target)
             return await self._error(

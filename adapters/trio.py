@@ -99,6 +99,9 @@ class TrioStream:
                 yield
         except trio.TooSlowError:
             raise TimeoutError(f"no bytes from the peer within {self.timeout} s") from None
+        except trio.BrokenResourceError as exc:
+            # The peer reset or closed the connection: said as asyncio says it.
+            raise ConnectionResetError(f"the connection is broken: {exc}") from exc
 
     async def receive_some(self, max_bytes: int) -> bytes:
         """Up to ``max_bytes`` bytes; ``b""`` at end of stream."""

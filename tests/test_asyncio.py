@@ -7,9 +7,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import re
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -1396,3 +1398,27 @@ def test_connect_tries_each_address_in_turn() -> None:
             await close_server(srv)
 
     run(main())
+
+
+def test_a_client_gone_mid_response_is_not_logged_as_a_server_fault(
+    server: ServerThread, caplog: pytest.LogCaptureFixture
+) -> None:
+    x = np.random.default_rng(0).random(4 << 20, dtype=np.float32)  # 16 MiB back
+    body = binproto.encode_request({"x": x}, binary_data_output=True)
+    head = request_for("/v2/models/echo/infer", body, headers=[("Accept-Encoding", "gzip")])
+    wire = b"".join(bytes(p) for p in send_message(h11.Connection(h11.CLIENT), head, body))
+    caplog.set_level(logging.INFO, logger="binproto.server")
+    with _connect(server.port) as sock:
+        sock.sendall(wire)
+        assert sock.recv(1000).startswith(b"HTTP/1.1 200 ")
+        # Reset, not close: the server's next write fails.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not any(
+        "connection lost" in r.getMessage() for r in caplog.records
+    ):
+        time.sleep(0.05)
+    served = [r for r in caplog.records if r.name == "binproto.server"]
+    assert any(r.levelno == logging.INFO and "connection lost" in r.getMessage() for r in served)
+    assert not [r for r in served if r.levelno >= logging.WARNING]
+    assert_served(server.port)
