@@ -97,14 +97,17 @@ class _WorkerThreads:
         return await asyncio.to_thread(fn, *args)
 
 
-async def _within(awaitable: Awaitable[_T], timeout: float | None) -> _T:
+async def _within(awaitable: Awaitable[_T], timeout: float | None, waiting: str = "bytes") -> _T:
     """``awaitable``'s result, or the built-in TimeoutError after ``timeout``
     seconds (asyncio's own, a different class before Python 3.11, is what the
-    servers would otherwise not recognise)."""
+    servers would otherwise not recognise). ``waiting`` says for what."""
     try:
         return await asyncio.wait_for(awaitable, timeout)
     except asyncio.TimeoutError:
-        raise TimeoutError(f"no data from the peer within {timeout} s") from None
+        raise TimeoutError(f"no {waiting} from the peer within {timeout} s") from None
+
+
+_TAKE = "room to write"  # what a send waits for: the peer reading
 
 
 class StreamsStream(_WorkerThreads):
@@ -134,8 +137,8 @@ class StreamsStream(_WorkerThreads):
         for buf in buffers:
             writer.write(buf)
             if transport.get_write_buffer_size() > HIGH_WATER:
-                await writer.drain()
-        await writer.drain()
+                await _within(writer.drain(), self._timeout, _TAKE)
+        await _within(writer.drain(), self._timeout, _TAKE)
 
     async def aclose(self) -> None:
         """Close the connection."""
@@ -289,8 +292,8 @@ class BufferedStream(_ReceiveInto):
                 raise ConnectionResetError("the connection is closed")
             transport.write(buf)
             if transport.get_write_buffer_size() > HIGH_WATER:
-                await protocol.drain()
-        await protocol.drain()
+                await _within(protocol.drain(), self.timeout, _TAKE)
+        await _within(protocol.drain(), self.timeout, _TAKE)
 
     async def aclose(self) -> None:
         """Close the connection."""
@@ -325,7 +328,7 @@ class SocketStream(_ReceiveInto):
         """Send each buffer in turn, from the caller's memory (never joined or copied)."""
         loop = asyncio.get_running_loop()
         for buf in buffers:
-            await loop.sock_sendall(self._sock, buf)
+            await _within(loop.sock_sendall(self._sock, buf), self.timeout, _TAKE)
 
     async def aclose(self) -> None:
         """Close the connection."""
@@ -349,8 +352,8 @@ async def start_server(
     """Start serving ``server`` (default: one with the ``echo`` model).
 
     ``zero_copy`` picks the BufferedProtocol transport (tensor bytes received
-    in place) over asyncio streams; ``timeout`` bounds each wait for the peer's
-    bytes (None: no bound). Port 0 picks a free port: read it from
+    in place) over asyncio streams; ``timeout`` bounds each wait for the peer,
+    for its bytes or for it to take ours (None: no bound). Port 0 picks a free port: read it from
     ``server.sockets[0].getsockname()[1]``. Stop it with :func:`close_server`,
     which also ends the connections it is serving.
     """
@@ -428,7 +431,7 @@ async def connect(
 
     ``zero_copy``: a :class:`SocketStream` (bytes received into and sent from
     the caller's memory); else asyncio streams. ``timeout`` bounds each wait
-    for the peer's bytes.
+    for the peer, for its bytes or for it to take ours.
     """
     loop = asyncio.get_running_loop()
     if zero_copy:
@@ -470,7 +473,8 @@ class Client(ClientCore):
                     ...
 
     ``zero_copy`` receives response tensors straight into their arrays;
-    ``timeout`` bounds each wait for the server's bytes; ``limits`` applies to
+    ``timeout`` bounds each wait for the server, for its bytes or for it to
+    take ours; ``limits`` applies to
     response bodies. ``accept_encoding`` (e.g. ``"gzip, deflate"``) is sent as
     ``Accept-Encoding``: compressed responses are decompressed as they are
     read, within ``limits``; ``request_encoding``

@@ -36,7 +36,7 @@ from binproto.adapters._server import (
     V2Server,
     echo_model,
 )
-from binproto.adapters.asyncio import Client, serve, start_server
+from binproto.adapters.asyncio import Client, close_server, serve, start_server
 from binproto.adapters.h11 import HTTPError, receive_events, request_for, response_for, send_message
 from binproto.adapters.h11 import parser_for as parser_from_head
 
@@ -141,8 +141,9 @@ async def _misuse(request: InferRequest) -> dict[str, Any]:
 class ServerThread:
     """The asyncio server running in a thread with its own event loop."""
 
-    def __init__(self, zero_copy: bool) -> None:
+    def __init__(self, zero_copy: bool, timeout: float | None = None) -> None:
         self.zero_copy = zero_copy
+        self.timeout = timeout
         self.port = 0
         self._ready = threading.Event()
         self._loop = asyncio.new_event_loop()
@@ -165,12 +166,16 @@ class ServerThread:
                 Model("misuse", _misuse),
             ]
         )
-        server = await start_server(app, "127.0.0.1", 0, zero_copy=self.zero_copy)
+        server = await start_server(
+            app, "127.0.0.1", 0, zero_copy=self.zero_copy, timeout=self.timeout
+        )
         self.port = server.sockets[0].getsockname()[1]
         self._stop = asyncio.Event()
         self._ready.set()
-        async with server:
+        try:
             await self._stop.wait()
+        finally:
+            await close_server(server)
 
     def call_soon(self, fn: Callable[[], object]) -> None:
         """Run ``fn`` on the server's event loop."""
@@ -1422,3 +1427,20 @@ def test_a_client_gone_mid_response_is_not_logged_as_a_server_fault(
     assert any(r.levelno == logging.INFO and "connection lost" in r.getMessage() for r in served)
     assert not [r for r in served if r.levelno >= logging.WARNING]
     assert_served(server.port)
+
+
+@pytest.mark.parametrize("zero_copy", [True, False], ids=["zero_copy", "streams"])
+def test_server_timeout_gives_up_on_a_peer_that_stops_reading(zero_copy: bool) -> None:
+    x = np.zeros(16 << 20, dtype=np.float32)  # 64 MiB back: more than socket buffers hold
+    wire = _request_bytes({"x": x})
+    srv = ServerThread(zero_copy=zero_copy, timeout=0.5)
+    try:
+        with _connect(srv.port) as sock:
+            sock.sendall(wire)
+            time.sleep(3)  # read nothing for six timeouts
+            received = 0
+            while chunk := sock.recv(1 << 20):
+                received += len(chunk)
+    finally:
+        srv.close()
+    assert received < x.nbytes  # the server gave up and closed
