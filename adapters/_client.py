@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import h11
 import numpy as np
@@ -249,7 +249,10 @@ class ClientCore:
         stream, conn = await self._connection()
         ok = False
         try:
-            await self._send_request(stream, conn, path + "/infer", body)
+            try:
+                await self._send_request(stream, conn, path + "/infer", body)
+            except ConnectionError as exc:
+                await self._raise_early_answer(stream, conn, exc)
             response = await self._head(stream, conn)
             if response.status_code != 200:
                 data = await self._small_body(stream, conn)
@@ -275,6 +278,21 @@ class ClientCore:
             if not ok or self._stream_to_close:
                 self._stream_to_close = False
                 await self.aclose()
+
+    async def _raise_early_answer(
+        self, stream: ByteStream, conn: h11.Connection, exc: ConnectionError
+    ) -> NoReturn:
+        """Sending failed: raise the server's answer if it sent one before
+        closing (a refusal, e.g. 413, while the body was still going out),
+        else ``exc``."""
+        try:
+            response = await self._head(stream, conn)
+            data = await self._small_body(stream, conn)
+        except Exception:
+            raise exc from None
+        if response.status_code == 200:
+            raise exc
+        raise error_message(response.status_code, data) from exc
 
     async def _send_request(
         self, stream: ByteStream, conn: h11.Connection, target: str, body: binproto.EncodedBody

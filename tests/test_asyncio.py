@@ -1444,3 +1444,33 @@ def test_server_timeout_gives_up_on_a_peer_that_stops_reading(zero_copy: bool) -
     finally:
         srv.close()
     assert received < x.nbytes  # the server gave up and closed
+
+
+def test_client_reports_an_answer_sent_before_its_body_was_taken() -> None:
+    # The server refuses from the head and closes with the body unread: its
+    # close resets the connection under the client's send.
+    async def main() -> None:
+        async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            payload = b'{"error": "request too large"}'
+            writer.write(
+                b"HTTP/1.1 413 Payload Too Large\r\nConnection: close\r\n"
+                + f"Content-Length: {len(payload)}\r\n\r\n".encode()
+                + payload
+            )
+            await writer.drain()
+            await asyncio.sleep(0.2)
+            writer.transport.abort()
+
+        srv = await asyncio.start_server(refuse, "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        try:
+            async with Client("127.0.0.1", port, timeout=10) as c:
+                with pytest.raises(HTTPError) as info:
+                    await c.infer("echo", {"x": np.zeros(16 << 20, dtype=np.float32)})
+        finally:
+            srv.close()
+            await srv.wait_closed()
+        assert info.value.status == 413 and info.value.message == "request too large"
+
+    run(main())
