@@ -51,6 +51,7 @@ from binproto import (
     RemoteProtocolError,
     Tensor,
     TensorAssembler,
+    TensorChunk,
 )
 from binproto._assemble import Destinations
 
@@ -90,6 +91,8 @@ CHUNK = 1 << 16
 MAX_HEAD = 64 * 1024
 #: Most body bytes read and dropped after an error, so the client sees the answer.
 DISCARD_LIMIT = 256 * 1024 * 1024
+#: Decompressed tensor bytes handed out between two chances for other tasks to run.
+YIELD_BYTES = 1 << 20
 
 
 class ByteStream(Protocol):
@@ -99,7 +102,10 @@ class ByteStream(Protocol):
     (bytes written into ``buf``, 0 at end of stream): then tensor bytes are
     received in place; and ``async to_thread(fn, *args)``, which runs
     ``fn(*args)`` in a worker thread and returns its result: then response
-    compression runs there, not on the event loop. A stream with a timeout
+    compression runs there, not on the event loop; and ``async checkpoint()``,
+    which lets the event loop run other tasks: then a compressed body, whose
+    one read may decompress to megabytes of events, yields to them every
+    :data:`YIELD_BYTES` of its tensor bytes. A stream with a timeout
     raises :class:`TimeoutError` when a wait for the peer's bytes times out
     (answered with 408).
     """
@@ -160,6 +166,8 @@ class BodyReader:
         receive_in_place: bool,
     ) -> None:
         self._stream = stream
+        #: The stream's ``checkpoint`` (see :class:`ByteStream`), or None.
+        self.checkpoint: Callable[[], Awaitable[None]] | None = getattr(stream, "checkpoint", None)
         self._conn = conn
         self._remaining = content_length
         self._receive_into = getattr(stream, "receive_into", None) if receive_in_place else None
@@ -288,6 +296,10 @@ class MessageBody:
     def __init__(self, parser: Parser, reader: BodyReader) -> None:
         self.parser = parser
         self._reader = reader
+        # A compressed body expands on the event loop: yield now and then.
+        compressed = parser.content_encoding is not None
+        self._checkpoint = reader.checkpoint if compressed else None
+        self._unyielded = 0  # decompressed tensor bytes handed out since the last yield
         self.header: InferenceHeader | None = None
         self._header_event: HeaderParsed | None = None
         self._fed = 0  # body bytes given to the parser
@@ -313,6 +325,8 @@ class MessageBody:
                     await self._reader.finish()
                 else:
                     self._tensor_events = True
+                    if self._checkpoint is not None and type(event) is TensorChunk:
+                        await self._pause(len(event.data))
                 return event
             data = await self._reader.read()
             if data is not None:
@@ -376,7 +390,17 @@ class MessageBody:
             elif type(event) is MessageComplete:
                 await reader.finish()
             asm.feed(event)
+            if self._checkpoint is not None and type(event) is TensorChunk:
+                await self._pause(len(event.data))
         return asm.tensors
+
+    async def _pause(self, n: int) -> None:
+        """Count ``n`` more decompressed bytes; past :data:`YIELD_BYTES`, let
+        other tasks run."""
+        self._unyielded += n
+        if self._unyielded >= YIELD_BYTES and self._checkpoint is not None:
+            self._unyielded = 0
+            await self._checkpoint()
 
 
 @dataclass

@@ -90,11 +90,17 @@ _T = TypeVar("_T")
 
 class _WorkerThreads:
     """``to_thread`` for the streams: CPU-heavy work (compressing a response
-    or a request) runs in asyncio's default executor, off the event loop."""
+    or a request) runs in asyncio's default executor, off the event loop; and
+    ``checkpoint``, a chance for other tasks to run while a compressed body
+    is being decompressed."""
 
     async def to_thread(self, fn: Callable[..., _T], *args: Any) -> _T:
         """Run ``fn(*args)`` in a worker thread and return its result."""
         return await asyncio.to_thread(fn, *args)
+
+    async def checkpoint(self) -> None:
+        """Let the event loop run other tasks."""
+        await asyncio.sleep(0)
 
 
 async def _within(awaitable: Awaitable[_T], timeout: float | None, waiting: str = "bytes") -> _T:

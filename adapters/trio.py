@@ -123,6 +123,10 @@ class TrioStream:
         are compressed there, off the event loop)."""
         return await trio.to_thread.run_sync(fn, *args)
 
+    async def checkpoint(self) -> None:
+        """Let other tasks run (while a compressed body is decompressed)."""
+        await trio.lowlevel.checkpoint()
+
     async def aclose(self) -> None:
         """Close the stream."""
         await self.stream.aclose()
