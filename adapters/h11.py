@@ -37,7 +37,7 @@ import h11
 import binproto
 from binproto import Event, Limits, Parser, ParserState, ProtocolError, RemoteProtocolError
 from binproto._header import Kind
-from binproto._http import header_value
+from binproto._http import content_length_from, header_value
 from binproto._parser import as_byte_view
 
 if TYPE_CHECKING:
@@ -101,11 +101,7 @@ def content_length_of(event: h11.Request | h11.Response) -> int | None:
     None also beside a ``Transfer-Encoding``, which frames the body instead
     (h11 reads it so; RFC 9112, section 6.3).
     """
-    headers = _headers(event)
-    text = header_value(headers, "content-length")
-    if text is None or header_value(headers, "transfer-encoding") is not None:
-        return None
-    return int(text)
+    return content_length_from(_headers(event))
 
 
 def has_both_lengths(event: h11.Request | h11.Response) -> bool:
