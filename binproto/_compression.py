@@ -152,11 +152,16 @@ class Inflater:
     @property
     def max_output(self) -> int:
         """Most decompressed bytes this body may produce under the limits
-        (before any is decompressed, where the compressed length is known)."""
+        (known before any is decompressed when the compressed length is)."""
+        return self._cap(self._content_length)
+
+    def _cap(self, compressed: int | None) -> int:
+        """Most decompressed bytes allowed from ``compressed`` bytes (None:
+        not known, only the absolute limit applies)."""
         limits = self._limits
-        if self._content_length is None:
+        if compressed is None:
             return limits.max_decompressed_bytes
-        by_ratio = max(RATIO_FLOOR, int(limits.max_decompression_ratio * self._content_length))
+        by_ratio = max(RATIO_FLOOR, int(limits.max_decompression_ratio * compressed))
         return min(limits.max_decompressed_bytes, by_ratio)
 
     def _wire_ended(self) -> bool:
@@ -216,10 +221,7 @@ class Inflater:
 
     def _allowed(self) -> int:
         """Most decompressed bytes allowed with what has been fed so far."""
-        limits = self._limits
-        basis = self._content_length if self._content_length is not None else self._fed
-        by_ratio = max(RATIO_FLOOR, int(limits.max_decompression_ratio * basis))
-        return min(limits.max_decompressed_bytes, by_ratio)
+        return self._cap(self._content_length if self._content_length is not None else self._fed)
 
     def _over_limit(self, allowed: int) -> RemoteProtocolError:
         limits = self._limits
