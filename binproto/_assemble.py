@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ._bytes import split_bytes
-from ._datatypes import DATATYPES
+from ._datatypes import DTYPES
 from ._errors import LocalProtocolError, RemoteProtocolError
 from ._events import Event, HeaderParsed, TensorChunk, TensorComplete
 from ._header import InferenceHeader, TensorInfo
@@ -35,21 +35,18 @@ class DecodedMessage:
     shared_memory: tuple[str, ...] = ()
 
 
+_OBJECT = DTYPES["BYTES"]
+
+
 def array_from_bytes(info: TensorInfo, buf: Any, offset: int = 0) -> np.ndarray[Any, Any]:
     """The array the tensor's complete binary bytes, from ``offset`` in ``buf``,
     stand for (no copy, except BYTES, whose elements become ``bytes`` objects)."""
-    dtype = _DTYPES[info.datatype]
+    dtype = DTYPES[info.datatype]
     if dtype is _OBJECT:  # BYTES
         return split_bytes(memoryview(buf)[offset:], info.elements).reshape(info.shape)
     # One call makes the view with its dtype (BOOL is numpy's bool) and shape.
     arr: np.ndarray[Any, Any] = np.ndarray(info.shape, dtype, buf, offset)
     return arr
-
-
-# Each datatype's dtype, looked up once per tensor without TensorInfo.dtype's
-# two steps.
-_DTYPES = {name: dt.dtype for name, dt in DATATYPES.items()}
-_OBJECT = _DTYPES["BYTES"]
 
 
 def _address(view: memoryview) -> int:

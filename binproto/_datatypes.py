@@ -7,7 +7,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BF16_DTYPE", "DATATYPES", "DataType", "datatype_for_dtype", "datatype_of"]
+__all__ = [
+    "BF16_DTYPE",
+    "DATATYPES",
+    "DTYPES",
+    "FIXED_ITEMSIZES",
+    "DataType",
+    "datatype_for_dtype",
+    "datatype_of",
+]
 
 
 def _bf16_dtype() -> tuple[np.dtype[Any], bool]:
@@ -62,6 +70,14 @@ def _table() -> dict[str, DataType]:
 
 #: Every datatype of the protocol, by wire name.
 DATATYPES: dict[str, DataType] = _table()
+
+# Derived lookups for per-tensor hot paths (one dict lookup instead of two
+# steps through DataType): each datatype's dtype, and each fixed-size one's
+# element size.
+DTYPES: dict[str, np.dtype[Any]] = {name: dt.dtype for name, dt in DATATYPES.items()}
+FIXED_ITEMSIZES: dict[str, int] = {
+    name: dt.itemsize for name, dt in DATATYPES.items() if dt.itemsize is not None
+}
 
 _BY_KIND_SIZE = {
     (dt.dtype.kind, dt.dtype.itemsize): dt

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ._datatypes import DATATYPES, DataType
+from ._datatypes import DATATYPES, DTYPES, FIXED_ITEMSIZES, DataType
 from ._errors import RemoteProtocolError
 from ._json import json_data_to_array
 from ._limits import Limits
@@ -73,7 +73,7 @@ class TensorInfo:
     @property
     def dtype(self) -> np.dtype[Any]:
         """The numpy dtype arrays of this tensor decode to."""
-        return DATATYPES[self.datatype].dtype
+        return DTYPES[self.datatype]
 
     def __repr__(self) -> str:
         return (
@@ -138,12 +138,6 @@ def _binary_info(
     return _new_info(index, name, datatype, shape, params, size, None, size, None, False)
 
 
-# Element size of each fixed-size datatype, for the quick check.
-_FIXED_ITEMSIZE: dict[str, int] = {
-    name: dt.itemsize for name, dt in DATATYPES.items() if dt.itemsize is not None
-}
-
-
 def _fast_tensor(t: Any, index: int, limits: Limits, seen: set[str]) -> TensorInfo | None:
     """The common case, a well-formed fixed-size binary tensor, checked quickly.
 
@@ -170,7 +164,7 @@ def _fast_tensor(t: Any, index: int, limits: Limits, seen: set[str]) -> TensorIn
         ):
             return None
         size = params["binary_data_size"]
-        nbytes = _FIXED_ITEMSIZE[datatype]
+        nbytes = FIXED_ITEMSIZES[datatype]
     except (KeyError, TypeError):
         return None
     if type(size) is not int or size > limits.max_tensor_bytes:
