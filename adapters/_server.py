@@ -129,6 +129,13 @@ class InferenceError(Exception):
         self.status = status
 
 
+def _closing(head: h11.Response) -> h11.Response:
+    """``head`` saying the connection closes after this response."""
+    return h11.Response(
+        status_code=head.status_code, headers=[*head.headers, (b"Connection", b"close")]
+    )
+
+
 async def write_compressed(stream: ByteStream, head: Any, batches: Iterator[list[Any]]) -> None:
     """Write ``head``, then each batch of :func:`~binproto.adapters.h11.send_compressed`.
 
@@ -632,9 +639,7 @@ class V2Server:
         if conn.our_state is not h11.SEND_RESPONSE and conn.our_state is not h11.IDLE:
             return
         head, payload = error_response(exc)
-        head = h11.Response(
-            status_code=head.status_code, headers=[*head.headers, (b"Connection", b"close")]
-        )
+        head = _closing(head)
         try:
             out = [
                 conn.send(head),
@@ -811,10 +816,7 @@ class V2Server:
         # connection, or say it closes.
         close = not await self._discard(reader)
         if close:
-            head = h11.Response(
-                status_code=head.status_code,
-                headers=[*head.headers, (b"Connection", b"close")],
-            )
+            head = _closing(head)
         out = [conn.send(head), conn.send(h11.Data(data=payload)), conn.send(h11.EndOfMessage())]
         await stream.send_all([b for b in out if b])
         return not close and conn.states[h11.SERVER] is h11.DONE
