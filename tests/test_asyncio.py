@@ -1265,15 +1265,34 @@ def test_a_request_refused_from_its_head_is_answered_at_once(
     assert_served(server.port)
 
 
-def test_timeouts_surface_as_the_builtin_timeout_error() -> None:
+def test_timeouts_surface_as_the_builtin_timeout_error(monkeypatch: pytest.MonkeyPatch) -> None:
     from binproto.adapters.asyncio import _within
 
     async def main() -> None:
-        with pytest.raises(TimeoutError):  # asyncio's own is another class before 3.11
+        with pytest.raises(TimeoutError):
             await _within(asyncio.sleep(10), 0.01)
         assert await _within(asyncio.sleep(0, "done"), 1) == "done"
 
     run(main())
+
+    # Before Python 3.11 asyncio's timeout error is another class, which the
+    # servers' 408 handler would miss: as there, wait_for raises that class.
+    class OldTimeoutError(Exception):
+        pass
+
+    async def times_out(awaitable: Any, timeout: float | None) -> Any:
+        awaitable.close()
+        raise OldTimeoutError
+
+    monkeypatch.setattr(asyncio, "TimeoutError", OldTimeoutError)
+    monkeypatch.setattr(asyncio, "wait_for", times_out)
+
+    async def old() -> None:
+        with pytest.raises(TimeoutError) as info:
+            await _within(asyncio.sleep(10), 0.5)
+        assert type(info.value) is TimeoutError and "within 0.5 s" in str(info.value)
+
+    run(old())
 
 
 @contextlib.asynccontextmanager
