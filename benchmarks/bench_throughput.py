@@ -1,0 +1,266 @@
+"""Serving throughput: requests per second and p99 latency under ``wrk``.
+
+Each server runs in its own process on 127.0.0.1; ``wrk`` (Debian package
+``wrk``: ``apt-get install wrk``) posts the same FP32 echo request (4 KiB,
+64 KiB or 1 MiB of tensor bytes, binary output asked for) over keep-alive
+connections, one thread, 8 or 64 connections. Servers are measured in
+interleaved rounds (every server once per round, in turn) so the machine's
+drift hits them alike; the table gives each server's median req/s and p99, and
+its median per-round ratio to the floor under it:
+
+- the h11 floor (``asyncio.Protocol`` + h11, fixed answer) for binproto's own
+  servers, which parse HTTP with h11;
+- a trivial ASGI app under uvicorn for binproto's ASGI app under uvicorn.
+
+The floors and the other servers: :mod:`benchmarks.floor_servers`. KServe
+runs when installed. Run alone with ``python -m benchmarks.bench_throughput``
+(``--quick`` for 2 s rounds on one body size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import binproto
+
+from ._harness import Row, mode, pick
+
+ROOT = Path(__file__).resolve().parent.parent
+KSERVE_ECHO = ROOT / "tests" / "interop" / "kserve_echo_server.py"
+
+#: Which floor each server is compared with.
+FLOOR_OF = {
+    "binproto-asyncio": "h11-floor",
+    "binproto-trio": "h11-floor",
+    "binproto-asgi": "asgi-floor",
+    "triton": "h11-floor",
+    "kserve": "asgi-floor",
+}
+
+
+def _uvicorn(app: str) -> list[str]:
+    options = "--host 127.0.0.1 --port {port} --log-level warning --no-access-log --backlog 2048"
+    return [sys.executable, "-m", "uvicorn", app, *options.split()]
+
+
+#: The command of each server; ``{port}`` is filled in.
+COMMANDS: dict[str, list[str]] = {
+    "bare-asyncio": [sys.executable, "-m", "benchmarks.floor_servers", "bare", "{port}"],
+    "h11-floor": [sys.executable, "-m", "benchmarks.floor_servers", "h11", "{port}"],
+    "asgi-floor": _uvicorn("benchmarks.floor_servers:asgi_app"),
+    "binproto-asyncio": [sys.executable, "-m", "binproto", "serve", "--port", "{port}"],
+    "binproto-trio": [
+        sys.executable,
+        "-m",
+        "binproto",
+        "serve",
+        *"--backend trio --port {port}".split(),
+    ],
+    "binproto-asgi": _uvicorn("benchmarks.floor_servers:binproto_asgi_app"),
+    # KServe serves on a listening socket it inherits ({fd}).
+    "kserve": [sys.executable, str(KSERVE_ECHO), "--fd", "{fd}", "--model", "echo"],
+}
+
+
+@dataclass
+class Result:
+    """One wrk run: requests per second, p99 latency in seconds, and errors."""
+
+    rps: float
+    p99: float
+    errors: int
+
+
+def _ready(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            s.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+            return s.recv(64).startswith(b"HTTP/1.1 ")  # any answer: it is up
+    except OSError:
+        return False
+
+
+@contextmanager
+def running(name: str, command: Sequence[str], timeout: float = 60) -> Iterator[int]:
+    """Start ``command`` on a free port; yield the port once it answers."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(2048)
+    port = sock.getsockname()[1]
+    argv = [p.replace("{port}", str(port)).replace("{fd}", str(sock.fileno())) for p in command]
+    inherit = "{fd}" in " ".join(command)
+    if not inherit:
+        sock.close()  # the server binds the port itself
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        pass_fds=[sock.fileno()] if inherit else [],
+    )
+    if inherit:
+        sock.close()  # the child has its own copy
+    try:
+        deadline = time.monotonic() + timeout
+        while not _ready(port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not start ({' '.join(argv)})")
+            time.sleep(0.1)
+        yield port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def write_request(directory: Path, tensor_bytes: int) -> Path:
+    """A wrk Lua script posting an FP32 echo request of ``tensor_bytes``."""
+    body = binproto.encode_request(
+        {"input0": np.arange(tensor_bytes // 4, dtype=np.float32)}, binary_data_output=True
+    )
+    path = directory / f"body-{tensor_bytes}.bin"
+    with open(path, "wb") as f:
+        for buf in body.buffers:
+            f.write(buf)
+    script = directory / f"post-{tensor_bytes}.lua"
+    script.write_text(
+        f'local f = io.open("{path}", "rb")\n'
+        "wrk.body = f:read('*a')\n"
+        "f:close()\n"
+        'wrk.method = "POST"\n'
+        'wrk.headers["Content-Type"] = "application/octet-stream"\n'
+        f'wrk.headers["Inference-Header-Content-Length"] = "{body.header_length}"\n'
+    )
+    return script
+
+
+_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def parse_wrk(text: str) -> Result:
+    """Requests/sec, the 99% latency and the error count of wrk's report."""
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))  # type: ignore[union-attr]
+    m = re.search(r"99%\s+([\d.]+)(us|ms|s)\b", text)
+    p99 = float(m.group(1)) * _UNITS[m.group(2)] if m else float("nan")
+    errors = 0
+    for pattern in (r"Non-2xx or 3xx responses:\s+(\d+)", r"Socket errors:.*?timeout (\d+)"):
+        e = re.search(pattern, text)
+        if e:
+            errors += int(e.group(1))
+    return Result(rps, p99, errors)
+
+
+def wrk(port: int, script: Path, connections: int, seconds: float) -> Result:
+    """One wrk run against the echo model's infer endpoint."""
+    url = f"http://127.0.0.1:{port}/v2/models/echo/infer"
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script), url],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=seconds + 30,
+    )
+    return parse_wrk(out.stdout)
+
+
+def measure(
+    servers: dict[str, int],
+    scripts: dict[int, Path],
+    connections: Sequence[int],
+    rounds: int,
+    seconds: float,
+) -> list[Row]:
+    """Interleaved rounds over every server, for each body size and connection count."""
+    rows: list[Row] = []
+    for size, script in scripts.items():
+        for conns in connections:
+            samples: dict[str, list[Result]] = {name: [] for name in servers}
+            for _ in range(rounds):
+                for name, port in servers.items():
+                    samples[name].append(wrk(port, script, conns, seconds))
+            for name, results in samples.items():
+                rps = statistics.median(r.rps for r in results)
+                floor = FLOOR_OF.get(name)
+                ratio = None
+                if floor in samples:
+                    ratio = statistics.median(
+                        r.rps / f.rps for r, f in zip(results, samples[floor], strict=True)
+                    )
+                rows.append(
+                    {
+                        "workload": f"throughput_{size // 1024}KiB_c{conns}",
+                        "impl": name,
+                        "rps": round(rps),
+                        "p99_ms": round(statistics.median(r.p99 for r in results) * 1e3, 2),
+                        "errors": sum(r.errors for r in results),
+                        "floor": floor if ratio is not None else None,
+                        "ratio": None if ratio is None else round(ratio, 3),
+                    }
+                )
+    return rows
+
+
+def available(names: Sequence[str] | None) -> dict[str, list[str]]:
+    """The servers to measure: those asked for (default all), less those
+    whose software is missing here."""
+    chosen = {n: c for n, c in COMMANDS.items() if names is None or n in names}
+    try:
+        import kserve  # noqa: F401
+    except ImportError:
+        chosen.pop("kserve", None)
+    return chosen
+
+
+def run(quick: bool, names: Sequence[str] | None = None) -> list[Row]:
+    """Measure every available server; the runner's entry point."""
+    if shutil.which("wrk") is None:
+        print("wrk is not installed (apt-get install wrk): throughput skipped", file=sys.stderr)
+        return []
+    current = mode(quick)
+    sizes = pick(current, full=[4096, 65536, 1 << 20], quick=[4096], tiny=[4096])
+    connections = pick(current, full=[8, 64], quick=[8], tiny=[8])
+    rounds = pick(current, full=3, quick=2, tiny=1)
+    seconds = pick(current, full=4, quick=2, tiny=1)
+    commands = available(names)
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        scripts = {size: write_request(Path(tmp), size) for size in sizes}
+        servers = {name: stack.enter_context(running(name, cmd)) for name, cmd in commands.items()}
+        return measure(servers, scripts, connections, rounds, seconds)
+
+
+def main() -> None:
+    """Print the table of ``run``."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="one size, 8 connections, 2 s rounds")
+    parser.add_argument("--server", action="append", help="only these servers (repeatable)")
+    args = parser.parse_args()
+    for r in run(args.quick, args.server):
+        ratio = f"{r['ratio']:.2f}x {r['floor']}" if r["ratio"] is not None else ""
+        print(
+            f"{r['workload']:24} {r['impl']:18} {r['rps']:>8} req/s  "
+            f"p99 {r['p99_ms']:>7} ms  {ratio}  errors={r['errors']}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""The servers binproto's are measured against: the floors under them.
+
+``python -m benchmarks.floor_servers KIND PORT`` serves on 127.0.0.1:PORT until
+killed. Each answers every POST with a fixed 4 KiB body after reading the whole
+request body, and does no inference work, so its request rate is the most any
+server built on the same layer can reach:
+
+- ``bare``: an ``asyncio.Protocol`` with a minimal HTTP/1.1 reader (request
+  line and headers up to the blank line, then ``Content-Length`` bytes); the
+  floor of asyncio itself.
+- ``h11``: an ``asyncio.Protocol`` driving ``h11``; the floor of binproto's own
+  servers, which parse HTTP with h11.
+- ``asgi``: a trivial ASGI app (reads the body, fixed answer), served by
+  ``python -m uvicorn benchmarks.floor_servers:asgi_app``; the floor of an ASGI
+  app under uvicorn.
+- ``binproto-asgi``: binproto's bare ASGI echo app (the README's shape), served
+  by uvicorn as ``benchmarks.floor_servers:binproto_asgi_app``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Any
+
+import h11
+
+import binproto
+from binproto.adapters.asgi import EncodedResponse, error_response, read_request
+
+ANSWER = b"x" * 4096
+_HEADERS = [("Content-Type", "application/octet-stream"), ("Content-Length", "4096")]
+_BARE_HEAD = (
+    b"HTTP/1.1 200 OK\r\n"
+    + b"".join(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in _HEADERS)
+    + b"\r\n"
+)
+
+
+class BareProtocol(asyncio.Protocol):
+    """Reads heads and Content-Length bodies by hand; answers each with ANSWER."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.buffer = bytearray()
+        self.body_left = -1  # -1: reading a head
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while True:
+            if self.body_left < 0:
+                end = self.buffer.find(b"\r\n\r\n")
+                if end < 0:
+                    return
+                head = bytes(self.buffer[:end]).lower()
+                del self.buffer[: end + 4]
+                start = head.find(b"content-length:")
+                self.body_left = 0
+                if start >= 0:
+                    stop = head.find(b"\r\n", start)
+                    self.body_left = int(head[start + 15 : stop if stop >= 0 else None])
+            take = min(self.body_left, len(self.buffer))
+            del self.buffer[:take]
+            self.body_left -= take
+            if self.body_left:
+                return
+            self.body_left = -1
+            self.transport.write(_BARE_HEAD + ANSWER)
+
+
+class H11Protocol(asyncio.Protocol):
+    """h11 parses each request; the body is read to its end, then ANSWER sent."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.conn = h11.Connection(h11.SERVER)
+
+    def data_received(self, data: bytes) -> None:
+        conn = self.conn
+        conn.receive_data(data)
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA or event is h11.PAUSED:
+                if event is h11.PAUSED and conn.our_state is h11.DONE:
+                    conn.start_next_cycle()
+                    continue
+                return
+            if type(event) is h11.EndOfMessage:
+                head = conn.send(h11.Response(status_code=200, headers=_HEADERS))
+                tail = conn.send(h11.EndOfMessage())
+                self.transport.write(head + conn.send(h11.Data(data=ANSWER)) + tail)
+                conn.start_next_cycle()
+            elif type(event) is h11.ConnectionClosed:
+                self.transport.close()
+                return
+
+
+async def asgi_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """A trivial ASGI app: read the request body, answer ANSWER."""
+    if scope["type"] != "http":
+        return
+    more = True
+    while more:
+        message = await receive()
+        more = message.get("more_body", False)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"application/octet-stream")],
+        }
+    )
+    await send({"type": "http.response.body", "body": ANSWER})
+
+
+async def binproto_asgi_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """binproto's bare ASGI echo app, as the README shows it."""
+    if scope["type"] != "http":
+        return
+    try:
+        request = await read_request(scope, receive)
+    except binproto.ProtocolError as exc:
+        await error_response(exc)(scope, receive, send)
+        return
+    body = binproto.encode_response(request.tensors, model_name="echo", request=request.header)
+    await EncodedResponse(body)(scope, receive, send)
+
+
+async def _serve(kind: str, port: int) -> None:
+    factory = {"bare": BareProtocol, "h11": H11Protocol}[kind]
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(factory, "127.0.0.1", port, backlog=2048)
+    async with server:
+        await server.serve_forever()
+
+
+if __name__ == "__main__":
+    asyncio.run(_serve(sys.argv[1], int(sys.argv[2])))
