@@ -80,6 +80,7 @@ __all__ = [
     "StreamingResponse",
     "V2Server",
     "echo_model",
+    "gather_small",
     "route",
 ]
 
@@ -93,6 +94,38 @@ MAX_HEAD = 64 * 1024
 DISCARD_LIMIT = 256 * 1024 * 1024
 #: Decompressed tensor bytes handed out between two chances for other tasks to run.
 YIELD_BYTES = 1 << 20
+#: Buffers smaller than this are joined with their neighbours before a write.
+GATHER_BELOW = 1 << 16
+
+
+def gather_small(buffers: Sequence[Any]) -> list[Any]:
+    """``buffers`` with each run of small ones joined into one.
+
+    A small response (head, JSON, a few KiB of tensor) then leaves in one write
+    and one segment instead of one system call per piece; a buffer of
+    :data:`GATHER_BELOW` bytes or more is passed on as it is, never copied.
+    """
+    out: list[Any] = []
+    run: list[Any] = []
+    size = 0
+    for buf in buffers:
+        n = buf.nbytes if isinstance(buf, (memoryview, np.ndarray)) else len(buf)
+        if not n:
+            continue
+        if n >= GATHER_BELOW:
+            if run:
+                out.append(run[0] if len(run) == 1 else b"".join(run))
+                run, size = [], 0
+            out.append(buf)
+            continue
+        run.append(buf)
+        size += n
+        if size >= GATHER_BELOW:
+            out.append(b"".join(run))
+            run, size = [], 0
+    if run:
+        out.append(run[0] if len(run) == 1 else b"".join(run))
+    return out
 
 
 class ByteStream(Protocol):
@@ -248,7 +281,7 @@ class BodyReader:
             data = await self._stream.receive_some(CHUNK)
             if not len(data):
                 raise self._closed()
-            conn.receive_data(bytes(data))
+            conn.receive_data(data)
 
     async def finish(self) -> None:
         """Read the end of the body (the parser found it complete)."""
@@ -629,7 +662,7 @@ class V2Server:
                 return event
             if event is h11.NEED_DATA:
                 data = await stream.receive_some(CHUNK)
-                conn.receive_data(bytes(data))
+                conn.receive_data(data)
                 continue
             return None  # ConnectionClosed or PAUSED without a request
 

@@ -56,6 +56,7 @@ from ._server import (
     StreamingResponse,
     V2Server,
     echo_model,
+    gather_small,
 )
 
 __all__ = [
@@ -130,21 +131,18 @@ class StreamsStream(_WorkerThreads):
     ) -> None:
         self._reader = reader
         self._writer = writer
-        self._timeout = timeout
+        self.timeout = timeout
 
     async def receive_some(self, max_bytes: int) -> bytes:
         """Up to ``max_bytes`` bytes; ``b""`` at end of stream."""
-        return await _within(self._reader.read(max_bytes), self._timeout)
+        return await _within(self._reader.read(max_bytes), self.timeout)
 
     async def send_all(self, buffers: Sequence[Any]) -> None:
-        """Write each buffer in turn (never joined), draining as needed."""
+        """Write the buffers in order (small ones gathered, big ones never joined)."""
         writer = self._writer
-        transport = writer.transport
-        for buf in buffers:
-            writer.write(buf)
-            if transport.get_write_buffer_size() > HIGH_WATER:
-                await _within(writer.drain(), self._timeout, _TAKE)
-        await _within(writer.drain(), self._timeout, _TAKE)
+        await _write_all(
+            writer.transport, lambda: _within(writer.drain(), self.timeout, _TAKE), buffers
+        )
 
     async def aclose(self) -> None:
         """Close the connection."""
@@ -152,7 +150,16 @@ class StreamsStream(_WorkerThreads):
 
 
 class _ReceiveProtocol(asyncio.BufferedProtocol):
-    """Receives into whatever buffer the waiting reader gave, and only then."""
+    """Receives into the buffer of the reader waiting for bytes.
+
+    Reading is not paused between reads: a keep-alive client's next request
+    lands straight in the read already waiting for it, with no system call to
+    stop and restart reading per request. Bytes that arrive with nobody waiting
+    are kept for the next read, and only then is reading paused, so a peer
+    that sends ahead is held to one read's worth. A read with no buffer of its
+    own (``receive_some``) gets one made when bytes arrive, not while it
+    waits: an idle connection holds no receive buffer.
+    """
 
     def __init__(
         self,
@@ -162,9 +169,12 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self._on_connect = on_connect
         self._timeout = timeout
-        self._target: memoryview | None = None
-        self._waiter: asyncio.Future[int] | None = None
-        self._leftover = b""  # bytes received with no reader waiting (not expected)
+        self._target: memoryview | None = None  # the waiting receive_into's memory
+        self._want = 1 << 16  # size of a buffer made for a waiting receive_some
+        self._spare: bytearray | None = None  # the buffer get_buffer made
+        self._waiter: asyncio.Future[None] | None = None
+        self._received = 0  # bytes the last read put into _target
+        self._leftover = bytearray()  # bytes received with no _target to put them in
         self._eof = False
         self._writable: asyncio.Future[None] | None = None
         self._paused = False
@@ -176,36 +186,46 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         self._closed = asyncio.get_running_loop().create_future()
-        transport.pause_reading()
         if self._on_connect is not None:
             self._on_connect(BufferedStream(self, self._timeout))
 
-    def get_buffer(self, sizehint: int) -> memoryview:
-        if self._target is None:  # data with no reader: keep it for the next one
-            self._target = memoryview(bytearray(max(sizehint, 1 << 16)))
-        return self._target
+    def get_buffer(self, sizehint: int) -> memoryview | bytearray:
+        if self._target is not None:
+            return self._target
+        self._spare = bytearray(self._want if self._waiter is not None else 1 << 16)
+        return self._spare
 
     def buffer_updated(self, nbytes: int) -> None:
-        assert self.transport is not None
-        self.transport.pause_reading()
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            self._waiter = None
+        if self._target is not None:
             self._target = None
-            waiter.set_result(nbytes)
+            self._received = nbytes
+            self._wake()
+            return
+        spare = self._spare
+        assert spare is not None
+        self._spare = None
+        del spare[nbytes:]
+        if self._leftover:
+            self._leftover += spare
         else:
-            assert self._target is not None
-            self._leftover += bytes(self._target[:nbytes])
-            self._target = None
+            self._leftover = spare
+        if self._waiter is not None:
+            self._wake()
+        else:
+            # Nobody asked for these: keep the rest in the kernel until someone does.
+            assert self.transport is not None
+            self.transport.pause_reading()
 
     def eof_received(self) -> bool:
         self._eof = True
-        self._wake(0)
+        self._target = None
+        self._wake()
         return True  # keep the transport open: we may still answer
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._eof = True
-        self._wake(0)
+        self._target = None
+        self._wake()
         if self._writable is not None and not self._writable.done():
             self._writable.set_result(None)
         if self._closed is not None and not self._closed.done():
@@ -219,47 +239,80 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
         if self._writable is not None and not self._writable.done():
             self._writable.set_result(None)
 
-    def _wake(self, n: int) -> None:
+    def _wake(self) -> None:
         waiter = self._waiter
+        self._waiter = None
         if waiter is not None and not waiter.done():
-            self._waiter = None
-            self._target = None
-            waiter.set_result(n)
+            waiter.set_result(None)
 
     # -- used by BufferedStream ---------------------------------------------------
 
-    async def receive_into(self, view: memoryview) -> int:
+    async def _wait_for_bytes(self, target: memoryview | None, timeout: float | None) -> None:
+        """Wait until a read put bytes in ``target`` (or, with None, in the
+        leftover), or the stream ended; TimeoutError after ``timeout`` seconds."""
+        transport = self.transport
+        assert transport is not None
+        loop = asyncio.get_running_loop()
+        self._target = target
+        self._received = 0
+        self._waiter = waiter = loop.create_future()
+        transport.resume_reading()  # (a no-op unless bytes nobody asked for paused it)
+        timer = None if timeout is None else loop.call_later(timeout, _expire, waiter, timeout)
+        try:
+            await waiter
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if self._waiter is waiter:  # timed out or cancelled: nobody waits any more
+                self._waiter = None
+                self._target = None
+
+    async def receive_into(self, view: memoryview, timeout: float | None) -> int:
         if not len(view):
             return 0
         if self._leftover:
             n = min(len(view), len(self._leftover))
-            view[:n] = self._leftover[:n]
-            self._leftover = self._leftover[n:]
+            view[:n] = memoryview(self._leftover)[:n]
+            del self._leftover[:n]
             return n
         if self._eof or self.transport is None or self.transport.is_closing():
             return 0
-        loop = asyncio.get_running_loop()
-        self._target = view
-        self._waiter = waiter = loop.create_future()
-        self.transport.resume_reading()
-        try:
-            received: int = await waiter
-            return received
-        finally:
-            if self._waiter is waiter:  # cancelled: nobody waits any more
-                self._waiter = None
-                self._target = None
-                if not self.transport.is_closing():
-                    self.transport.pause_reading()
+        await self._wait_for_bytes(view, timeout)
+        if self._received:
+            return self._received
+        return await self.receive_into(view, timeout)  # bytes went to the leftover, or EOF
 
-    async def drain(self) -> None:
+    async def receive_some(self, max_bytes: int, timeout: float | None) -> bytes | bytearray:
+        if not self._leftover:
+            if self._eof or self.transport is None or self.transport.is_closing():
+                return b""
+            self._want = max_bytes
+            await self._wait_for_bytes(None, timeout)
+        data = self._leftover
+        if len(data) <= max_bytes:
+            self._leftover = bytearray()
+            return data
+        head = data[:max_bytes]
+        del data[:max_bytes]
+        return head
+
+    async def drain(self, timeout: float | None) -> None:
         if self.transport is None or self.transport.is_closing():
             raise ConnectionResetError("the connection is closed")
         if self._paused:
             self._writable = asyncio.get_running_loop().create_future()
-            await self._writable
+            await _within(self._writable, timeout, _TAKE)
             if self.transport.is_closing():
                 raise ConnectionResetError("the connection is closed")
+
+    async def wait_closed(self) -> None:
+        if self._closed is not None:
+            await self._closed
+
+
+def _expire(waiter: asyncio.Future[None], timeout: float) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError(f"no bytes from the peer within {timeout} s"))
 
 
 class _ReceiveInto(_WorkerThreads):
@@ -276,7 +329,23 @@ class _ReceiveInto(_WorkerThreads):
         return bytes(buf)
 
 
-class BufferedStream(_ReceiveInto):
+async def _write_all(
+    transport: asyncio.WriteTransport,
+    drain: Callable[[], Awaitable[None]],
+    buffers: Sequence[Any],
+) -> None:
+    """Write ``buffers`` (small ones gathered into one write, big ones never
+    joined), waiting for the transport to drain above :data:`HIGH_WATER`."""
+    for buf in gather_small(buffers):
+        if transport.is_closing():
+            raise ConnectionResetError("the connection is closed")
+        transport.write(buf)
+        if transport.get_write_buffer_size() > HIGH_WATER:
+            await drain()
+    await drain()
+
+
+class BufferedStream(_WorkerThreads):
     """A :class:`~binproto.adapters._server.ByteStream` over a BufferedProtocol,
     with ``receive_into``: the kernel writes into the caller's buffer."""
 
@@ -286,29 +355,25 @@ class BufferedStream(_ReceiveInto):
 
     async def receive_into(self, view: memoryview) -> int:
         """Receive up to ``len(view)`` bytes into ``view``; 0 at end of stream."""
-        return await _within(self._protocol.receive_into(view), self.timeout)
+        return await self._protocol.receive_into(view, self.timeout)
+
+    async def receive_some(self, max_bytes: int) -> bytes | bytearray:
+        """Up to ``max_bytes`` bytes; empty at end of stream."""
+        return await self._protocol.receive_some(max_bytes, self.timeout)
 
     async def send_all(self, buffers: Sequence[Any]) -> None:
-        """Write each buffer in turn (never joined), draining as needed."""
+        """Write the buffers in order (small ones gathered, big ones never joined)."""
         protocol = self._protocol
         transport = protocol.transport
         assert transport is not None
-        for buf in buffers:
-            if transport.is_closing():
-                raise ConnectionResetError("the connection is closed")
-            transport.write(buf)
-            if transport.get_write_buffer_size() > HIGH_WATER:
-                await _within(protocol.drain(), self.timeout, _TAKE)
-        await _within(protocol.drain(), self.timeout, _TAKE)
+        await _write_all(transport, lambda: protocol.drain(self.timeout), buffers)
 
     async def aclose(self) -> None:
         """Close the connection."""
         transport = self._protocol.transport
         if transport is not None and not transport.is_closing():
             transport.close()
-        closed = self._protocol._closed
-        if closed is not None:
-            await closed
+        await self._protocol.wait_closed()
 
 
 class SocketStream(_ReceiveInto):

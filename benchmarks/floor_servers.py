@@ -89,8 +89,8 @@ class H11Protocol(asyncio.Protocol):
                 return
             if type(event) is h11.EndOfMessage:
                 head = conn.send(h11.Response(status_code=200, headers=_HEADERS))
-                tail = conn.send(h11.EndOfMessage())
-                self.transport.write(head + conn.send(h11.Data(data=ANSWER)) + tail)
+                body = conn.send(h11.Data(data=ANSWER))
+                self.transport.write(head + body + conn.send(h11.EndOfMessage()))
                 conn.start_next_cycle()
             elif type(event) is h11.ConnectionClosed:
                 self.transport.close()
