@@ -17,6 +17,10 @@ __all__ = ["json_data_to_array", "loads_header"]
 # A JSON string token, unrolled so long strings do not backtrack.
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 
+# An escaped backslash (consumed whole, so the "u" after it is no escape), or a
+# surrogate escape with the low surrogate escape that may follow it.
+_SURROGATE = re.compile(rb"\\\\|\\u[dD][89a-fA-F][0-9a-fA-F]{2}(?:\\u[dD][c-fC-F][0-9a-fA-F]{2})?")
+
 
 # Byte classes for the depth scan: 1 opens, -1 closes, 0 is anything else.
 _STEP = np.zeros(256, dtype=np.int8)
@@ -73,11 +77,77 @@ def _max_depth(raw: bytes, limit: int, skeleton: bytes | None = None) -> int:
     return int(max(0, np.cumsum(steps[where][outside], dtype=np.int64).max(initial=0)))
 
 
+class _DuplicateKey(Exception):
+    """Raised from inside ``json.loads`` when an object repeats a key."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook``: the object as a dict, refusing a repeated key."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return obj
+
+
+# Tokens of the duplicate-key scan: a key (a string and its colon), a bracket,
+# or any other string (consumed whole, so brackets inside it are not counted).
+_KEY_TOKENS = re.compile(
+    rb'("[^"\\]*(?:\\.[^"\\]*)*")\s*:|[{}\[\]]|"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL
+)
+
+
+def _first_duplicate_key(raw: bytes) -> tuple[str, int] | None:
+    """The first key (in document order) that repeats a key of its object, and
+    the byte offset of its opening quote. ``raw`` is valid JSON."""
+    stack: list[set[str] | None] = []
+    for match in _KEY_TOKENS.finditer(raw):
+        token = match.group()
+        if token == b"{":
+            stack.append(set())
+        elif token == b"[":
+            stack.append(None)
+        elif token in (b"}", b"]"):
+            stack.pop()
+        elif match.group(1) is not None:
+            keys = stack[-1]
+            key = json.loads(match.group(1).decode("utf-8"))
+            if keys is not None:
+                if key in keys:
+                    return key, match.start()
+                keys.add(key)
+    return None
+
+
+def _check_surrogates(raw: bytes, kind: str) -> None:
+    """Refuse a ``\\u`` escape of a surrogate that is not half of a pair: no
+    UTF-8 can hold it, so it could be neither echoed nor stored as text."""
+    for match in _SURROGATE.finditer(raw):
+        escape = match.group()
+        if escape == b"\\\\":
+            continue
+        if len(escape) != 12 or escape[3] not in b"89abAB":
+            raise RemoteProtocolError(
+                f"failed to parse the {kind} JSON buffer: The surrogate pair in string"
+                f" is invalid (a lone surrogate escape {escape[:6].decode()})",
+                offset=match.start(),
+            )
+
+
 def loads_header(raw: bytes, *, max_depth: int, kind: str = "request") -> Any:
     """Decode the JSON header ``raw`` (exactly the header's bytes).
 
     Accepts what real peers send: ``NaN``/``Infinity`` tokens. Rejects invalid
-    UTF-8, a byte-order mark, trailing bytes, and nesting deeper than ``max_depth``.
+    UTF-8, a byte-order mark, trailing bytes, nesting deeper than ``max_depth``,
+    an object that repeats a key (JSON parsers disagree on which one counts), and
+    a ``\\u`` escape of a lone surrogate (it is no Unicode character).
     """
     # Count openers cheaply first: only a header with many brackets needs a scan.
     skeleton = raw.translate(_STRUCTURE, _NOT_STRUCTURE)
@@ -96,7 +166,14 @@ def loads_header(raw: bytes, *, max_depth: int, kind: str = "request") -> Any:
             offset=exc.start,
         ) from None
     try:
-        return json.loads(text)
+        obj = json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        found = _first_duplicate_key(raw)
+        key, offset = found if found is not None else (exc.key, 0)
+        raise RemoteProtocolError(
+            f"failed to parse the {kind} JSON buffer: duplicate key {json.dumps(key)}",
+            offset=offset,
+        ) from None
     except RecursionError:
         raise RemoteProtocolError(
             f"JSON nesting is deeper than the limit of {max_depth}", offset=0
@@ -110,6 +187,9 @@ def loads_header(raw: bytes, *, max_depth: int, kind: str = "request") -> Any:
         raise RemoteProtocolError(
             f"failed to parse the {kind} JSON buffer: {exc}", offset=0
         ) from None
+    if b"\\u" in raw:
+        _check_surrogates(raw, kind)
+    return obj
 
 
 def _flatten(data: Any, shape: tuple[int, ...], name: str, elements: int) -> list[Any]:

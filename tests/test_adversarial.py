@@ -387,8 +387,9 @@ def test_lone_surrogate_escape_in_a_name_never_crashes() -> None:
     body, hl = make_body(one_input(parameters={"binary_data_size": 4}), b"abcd")
     body = body.replace(b'"x"', b'"\\ud800"')
     hl += len(b'"\\ud800"') - len(b'"x"')
-    out = assert_same_everywhere(request(hl), body)
-    assert out.error is None or out.error[0] == "RemoteProtocolError"
+    _, msg, status, offset = error_of(assert_same_everywhere(request(hl), body))
+    assert status == 400 and offset == body.index(b"\\ud800")
+    assert "The surrogate pair in string is invalid" in msg
 
 
 def test_data_after_the_end_of_the_body() -> None:

@@ -1,0 +1,156 @@
+"""JSON headers that parsers read differently: a repeated key and a lone
+surrogate escape are refused with a 400 and the byte offset, by the parser
+(every chunking, requests and responses) and by the reference server (never a
+500). Written against public behaviour only, whatever JSON backend decodes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+import binproto
+from binproto import Parser, RemoteProtocolError
+from binproto.adapters._server import V2Server, echo_model
+from binproto.adapters.asyncio import close_server, start_server
+from tests.helpers import assert_same_everywhere, make_body
+
+TENSOR = '{"name":"x","datatype":"UINT8","shape":[2],"data":[1,2]}'
+
+# (header, the repeated key, where the repeat starts)
+DUPLICATES = [
+    ('{"inputs":[' + TENSOR + '],"inputs":[]}', "inputs", '"inputs":[]'),
+    ('{"id":"a","inputs":[' + TENSOR + '],"id":"b"}', "id", '"id":"b"'),
+    (
+        '{"inputs":[{"name":"x","datatype":"UINT8","shape":[2],"data":[1,2],"shape":[1]}]}',
+        "shape",
+        '"shape":[1]',
+    ),
+    (
+        '{"inputs":[' + TENSOR + '],"parameters":{"p":{"q":1,"q":2}}}',
+        "q",
+        '"q":2',
+    ),
+    # The same key spelled with an escape is the same key.
+    ('{"id":"a","i\\u0064":"b","inputs":[' + TENSOR + "]}", "id", '"i\\u0064"'),
+    # A duplicate inside a string is no duplicate; the real one after it is.
+    (
+        '{"id":"{\\"k\\":1,\\"k\\":2}","inputs":[' + TENSOR + '],"inputs":[]}',
+        "inputs",
+        '"inputs":[]',
+    ),
+]
+
+
+def _request(header: str) -> tuple[bytes, int]:
+    raw = header.encode()
+    return raw, len(raw)
+
+
+@pytest.mark.parametrize(("header", "key", "at"), DUPLICATES)
+def test_duplicate_key_is_a_400_naming_the_key(header: str, key: str, at: str) -> None:
+    body, hl = _request(header)
+    out = assert_same_everywhere(lambda: Parser("request", header_length=hl), body)
+    assert out.error is not None
+    kind, message, status, offset = out.error
+    assert kind == "RemoteProtocolError" and status == 400
+    assert f"duplicate key {json.dumps(key)}" in message
+    assert offset == body.index(at.encode())
+
+
+def test_duplicate_key_in_a_response_and_a_plain_json_body() -> None:
+    body = b'{"model_name":"m","outputs":[],"model_name":"n"}'
+    expected = 'response JSON buffer: duplicate key "model_name"'
+    with pytest.raises(RemoteProtocolError, match=expected) as exc:
+        binproto.decode_response(body, header_length=len(body))
+    assert exc.value.offset == body.rindex(b'"model_name"') and exc.value.status_hint == 400
+    with pytest.raises(RemoteProtocolError, match='duplicate key "inputs"'):
+        binproto.decode_request(b'{"inputs":[],"inputs":[]}', header_length=None)
+
+
+def test_same_key_in_different_objects_is_fine() -> None:
+    header = {
+        "inputs": [
+            {"name": "a", "datatype": "UINT8", "shape": [1], "data": [1]},
+            {"name": "b", "datatype": "UINT8", "shape": [1], "data": [2]},
+        ],
+        "parameters": {"name": {"name": 1}},
+    }
+    body, hl = make_body(header)
+    decoded = binproto.decode_request(body, header_length=hl)
+    assert list(decoded.tensors) == ["a", "b"]
+
+
+# (a JSON string's content as written in the header, whether it is accepted)
+SURROGATES = [
+    ("\\ud800", False),  # lone high
+    ("\\udfff", False),  # lone low
+    ("a\\uDBFFb", False),  # lone high, upper-case hex, between characters
+    ("\\ud800\\ud800", False),  # two highs
+    ("\\udc00\\ud800", False),  # a pair in the wrong order
+    ("\\\\\\ud800", False),  # an escaped backslash, then a lone surrogate escape
+    ("\\ud83d\\ude00", True),  # a pair: U+1F600
+    ("\\\\ud800", True),  # an escaped backslash, then the text "ud800"
+    ("\\u00e9\\u4e2d", True),  # escapes of characters outside the surrogates
+]
+
+
+@pytest.mark.parametrize("field", ["id", "name", "data", "parameter"])
+@pytest.mark.parametrize(("text", "accepted"), SURROGATES)
+def test_lone_surrogate_escape_is_a_400_anywhere(text: str, accepted: bool, field: str) -> None:
+    tensor = {"name": "x", "datatype": "BYTES", "shape": [1], "data": ["s"]}
+    header: dict[str, object] = {"id": "i", "inputs": [tensor], "parameters": {"p": "v"}}
+    raw = json.dumps(header, separators=(",", ":"))
+    target = {"id": '"i"', "name": '"x"', "data": '["s"]', "parameter": '"v"'}[field]
+    replaced = '"' + text + '"'
+    raw = raw.replace(target, f"[{replaced}]" if field == "data" else replaced, 1)
+    body = raw.encode()
+    out = assert_same_everywhere(lambda: Parser("request", header_length=len(body)), body)
+    if accepted:
+        assert out.error is None
+        return
+    assert out.error is not None
+    kind, message, status, offset = out.error
+    assert kind == "RemoteProtocolError" and status == 400
+    assert "The surrogate pair in string is invalid" in message
+    start = body.index(text.encode())
+    assert offset is not None and start <= offset < start + len(text)
+    assert body[offset : offset + 2] == b"\\u"
+
+
+async def _post_to_server(bodies: list[tuple[bytes, int]]) -> list[httpx.Response]:
+    server = await start_server(V2Server([echo_model()]), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            return [
+                await client.post(
+                    "/v2/models/echo/infer",
+                    content=body,
+                    headers={binproto.HEADER_LENGTH_NAME: str(hl)},
+                )
+                for body, hl in bodies
+            ]
+    finally:
+        await close_server(server)
+
+
+def test_server_answers_400_never_500() -> None:
+    tensor = '{"name":"x","datatype":"UINT8","shape":[2],"data":[1,2]}'
+    cases = [
+        '{"id":"\\ud800","inputs":[' + tensor + "]}",
+        '{"id":"\\udc00x","inputs":[' + tensor + "]}",
+        '{"inputs":[' + tensor + '],"inputs":[' + tensor + "]}",
+        '{"id":"a","id":"b","inputs":[' + tensor + "]}",
+        '{"id":"\\ud83d\\ude00","inputs":[' + tensor + "]}",  # a valid pair is echoed
+    ]
+    responses = asyncio.run(_post_to_server([_request(h) for h in cases]))
+    messages = [r.json()["error"] for r in responses[:4]]
+    assert [r.status_code for r in responses] == [400, 400, 400, 400, 200]
+    assert "The surrogate pair in string is invalid" in messages[0]
+    assert "The surrogate pair in string is invalid" in messages[1]
+    assert 'duplicate key "inputs"' in messages[2]
+    assert 'duplicate key "id"' in messages[3]
+    assert responses[4].json()["id"] == "\U0001f600"
