@@ -19,6 +19,7 @@ received straight into the tensor's destination array (see
 from __future__ import annotations
 
 import logging
+import time
 import urllib.parse
 from collections.abc import (
     AsyncIterable,
@@ -78,6 +79,7 @@ __all__ = [
     "Model",
     "Route",
     "StreamingResponse",
+    "Timeouts",
     "V2Server",
     "echo_model",
     "gather_small",
@@ -138,10 +140,15 @@ class ByteStream(Protocol):
     compression runs there, not on the event loop; and ``async checkpoint()``,
     which lets the event loop run other tasks: then a compressed body, whose
     one read may decompress to megabytes of events, yields to them every
-    :data:`YIELD_BYTES` of its tensor bytes. A stream with a timeout
-    raises :class:`TimeoutError` when a wait for the peer's bytes times out
-    (answered with 408).
+    :data:`YIELD_BYTES` of its tensor bytes.
+
+    A stream has a settable ``timeout``: the seconds one wait for the peer
+    may take, to receive its bytes or to have ours taken (None: no bound).
+    Past it the wait raises :class:`TimeoutError`. :class:`V2Server` sets it
+    before each phase of a request (see :class:`Timeouts`).
     """
+
+    timeout: float | None
 
     async def receive_some(self, max_bytes: int) -> Any:
         """Up to ``max_bytes`` bytes (a bytes-like object); empty at end of stream."""
@@ -160,6 +167,48 @@ class InferenceError(Exception):
         super().__init__(message)
         self.message = message
         self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """How long a server waits for a peer, in seconds (None: no bound).
+
+    The defaults are those of production HTTP servers (uvicorn's keep-alive,
+    hypercorn's and gunicorn's read timeouts). A request refused by a timeout
+    is answered with 408 when an answer can still be sent, then the
+    connection is closed.
+
+    Attributes:
+        keep_alive: idle time allowed before the first byte of a request (on
+            a new connection, or after a response): then the connection is
+            closed without an answer.
+        head: a deadline for the whole request head, from its first byte (a
+            head dripped a byte at a time is cut at it): 408.
+        body: the longest wait for more of the request body (inactivity, not
+            a deadline: a slow body that keeps moving is read): 408.
+        write: the longest wait for the peer to take the response's bytes (a
+            client that stops reading): the connection is closed.
+    """
+
+    keep_alive: float | None = 5.0
+    head: float | None = 10.0
+    body: float | None = 30.0
+    write: float | None = 30.0
+
+    def __post_init__(self) -> None:
+        for name in ("keep_alive", "head", "body", "write"):
+            value = getattr(self, name)
+            if value is not None and (
+                type(value) not in (int, float) or not value > 0 or value == float("inf")
+            ):
+                raise LocalProtocolError(
+                    f"timeout {name} must be a positive number of seconds or None, got {value!r}"
+                )
+
+    @classmethod
+    def every(cls, seconds: float | None) -> Timeouts:
+        """The same bound for every phase."""
+        return cls(seconds, seconds, seconds, seconds)
 
 
 def _closing(head: h11.Response) -> h11.Response:
@@ -598,6 +647,9 @@ class V2Server:
             at a time in a worker thread when the stream offers ``to_thread``
             (the asyncio and trio adapters' streams do; zlib releases the GIL),
             so other connections are served meanwhile.
+        timeouts: how long to wait for a peer in each phase of a request
+            (:class:`Timeouts`: keep-alive idle 5 s, the request head 10 s,
+            body inactivity 30 s, response write stall 30 s).
     """
 
     models: Sequence[Model] = field(default_factory=lambda: [echo_model()])
@@ -606,12 +658,15 @@ class V2Server:
     name: str = "binproto"
     compress_responses: bool = True
     compression_level: int = 1
+    timeouts: Timeouts = Timeouts()
 
     def __post_init__(self) -> None:
         self._models = {m.name: m for m in self.models}
         level = self.compression_level
         if type(level) is not int or not 0 <= level <= 9:
             raise LocalProtocolError(f"compression_level must be 0..9, got {level!r}")
+        if not isinstance(self.timeouts, Timeouts):
+            raise LocalProtocolError(f"timeouts must be a Timeouts, got {self.timeouts!r}")
 
     def add_model(self, model: Model) -> None:
         """Serve one more model."""
@@ -625,20 +680,23 @@ class V2Server:
             "extensions": ["binary_tensor_data"],
         }
 
-    async def serve_connection(self, stream: ByteStream) -> None:
+    async def serve_connection(self, stream: ByteStream, timeouts: Timeouts | None = None) -> None:
         """Serve requests on ``stream`` until the peer closes or an error ends it.
 
         Closes the stream when done. A fault in one request never escapes:
         it is answered with a V2 error response when possible, and the
-        connection is closed when its state is unknown.
+        connection is closed when its state is unknown. The stream's
+        ``timeout`` is set for each phase from ``timeouts`` (default: the
+        server's :attr:`timeouts`).
         """
+        bounds = timeouts if timeouts is not None else self.timeouts
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
         try:
             while True:
-                request = await self._next_request(stream, conn)
+                request = await self._next_request(stream, conn, bounds)
                 if request is None:
                     return
-                keep = await self._respond(stream, conn, request)
+                keep = await self._respond(stream, conn, request, bounds)
                 if not keep:
                     return
                 if conn.their_state is h11.DONE and conn.our_state is h11.DONE:
@@ -651,20 +709,56 @@ class V2Server:
         finally:
             await stream.aclose()
 
-    async def _next_request(self, stream: ByteStream, conn: h11.Connection) -> h11.Request | None:
+    async def _next_request(
+        self, stream: ByteStream, conn: h11.Connection, timeouts: Timeouts
+    ) -> h11.Request | None:
+        received = 0  # bytes of this head read so far (with what may follow it)
+        deadline = 0.0
         while True:
             try:
                 event = conn.next_event()
             except h11.RemoteProtocolError as exc:
+                stream.timeout = timeouts.write
                 await self._send_error_and_close(stream, conn, remote_error(exc))
+                return None
+            # h11 only counts what it holds between reads: the reads are
+            # bounded so that it never holds more than one byte past MAX_HEAD.
+            if received > MAX_HEAD and (
+                event is h11.NEED_DATA or received - len(conn.trailing_data[0]) > MAX_HEAD
+            ):
+                stream.timeout = timeouts.write
+                too_big = RemoteProtocolError(
+                    f"request head larger than {MAX_HEAD} bytes", status_hint=431
+                )
+                await self._send_error_and_close(stream, conn, too_big)
                 return None
             if type(event) is h11.Request:
                 return event
-            if event is h11.NEED_DATA:
-                data = await stream.receive_some(CHUNK)
-                conn.receive_data(data)
-                continue
-            return None  # ConnectionClosed or PAUSED without a request
+            if event is not h11.NEED_DATA:
+                return None  # ConnectionClosed or PAUSED without a request
+            if not received:
+                stream.timeout = timeouts.keep_alive  # idle: closed quietly
+            elif timeouts.head is not None:
+                stream.timeout = deadline - time.monotonic()
+            try:
+                if stream.timeout is not None and stream.timeout <= 0:
+                    raise TimeoutError
+                data = await stream.receive_some(min(CHUNK, MAX_HEAD + 1 - received))
+            except TimeoutError:
+                if received:  # a head began: say why it is refused
+                    stream.timeout = timeouts.write
+                    late = RemoteProtocolError(
+                        "timed out waiting for the request head"
+                        f" (not complete within {timeouts.head} s)",
+                        status_hint=408,
+                    )
+                    await self._send_error_and_close(stream, conn, late)
+                return None
+            if not received and len(data):
+                # The head's deadline runs from its first byte.
+                deadline = time.monotonic() + (timeouts.head or 0.0)
+            received += len(data)
+            conn.receive_data(data)
 
     async def _send_error_and_close(
         self, stream: ByteStream, conn: h11.Connection, exc: ProtocolError
@@ -683,27 +777,32 @@ class V2Server:
             return
         await stream.send_all([b for b in out if b])
 
-    async def _respond(self, stream: ByteStream, conn: h11.Connection, req: h11.Request) -> bool:
+    async def _respond(
+        self, stream: ByteStream, conn: h11.Connection, req: h11.Request, timeouts: Timeouts
+    ) -> bool:
         """Answer one request; True when the connection may serve another."""
-        if has_both_lengths(req):
-            # Two framings: whichever one is used, a peer (or a proxy in front)
-            # may have meant the other and smuggled a request into the body.
-            await self._send_error_and_close(
-                stream,
-                conn,
-                RemoteProtocolError(
+        stream.timeout = timeouts.body
+        try:
+            if has_both_lengths(req):
+                # Two framings: whichever one is used, a peer (or a proxy in front)
+                # may have meant the other and smuggled a request into the body.
+                raise RemoteProtocolError(
                     "a request may not carry both Content-Length and Transfer-Encoding"
-                ),
-            )
+                )
+            length = content_length_of(req)
+        except RemoteProtocolError as exc:
+            stream.timeout = timeouts.write
+            await self._send_error_and_close(stream, conn, exc)
             return False
         target = req.target.decode("latin-1")
         r = route(req.method.decode("latin-1"), target)
-        reader = BodyReader(stream, conn, content_length_of(req), receive_in_place=self.zero_copy)
+        reader = BodyReader(stream, conn, length, receive_in_place=self.zero_copy)
         try:
             if r.kind != "not_found" and req.method.decode("latin-1") != r.method:
                 raise InferenceError(f"method {req.method.decode('latin-1')} not allowed", 405)
             if r.kind == "infer":
                 body, result = await self._infer(req, r, reader)
+                stream.timeout = timeouts.write
                 head: h11.Response
                 if isinstance(result, StreamingResponse):
                     await self._stream_response(stream, conn, result)
@@ -720,10 +819,16 @@ class V2Server:
                 pieces = [conn.send(head), conn.send(h11.Data(data=payload)) if payload else b""]
                 pieces.append(conn.send(h11.EndOfMessage()))
         except (ProtocolError, InferenceError) as exc:
-            return await self._error(stream, conn, exc, reader)
+            return await self._error(stream, conn, exc, reader, timeouts)
         except TimeoutError:
-            message = "timed out waiting for the request"
-            return await self._error(stream, conn, InferenceError(message, 408), reader)
+            if conn.our_state is not h11.SEND_RESPONSE:
+                return False  # the peer stopped taking the response: close
+            # The body stalled: answer without waiting for it any more.
+            reader.failed = RemoteProtocolError(
+                f"timed out waiting for the request body (no bytes within {timeouts.body} s)",
+                status_hint=408,
+            )
+            return await self._error(stream, conn, reader.failed, reader, timeouts)
         except (BrokenPipeError, ConnectionResetError) as exc:
             # The peer went away (reset mid-body, or closed while the response
             # was going out): nobody to answer, and not a fault of the server.
@@ -732,7 +837,7 @@ class V2Server:
         except Exception as exc:  # a handler failed: the server's fault
             log.exception("error while serving %s", target)
             return await self._error(
-                stream, conn, InferenceError(f"internal error: {exc}", 500), reader
+                stream, conn, InferenceError(f"internal error: {exc}", 500), reader, timeouts
             )
         await stream.send_all([p for p in pieces if p])
         return conn.our_state is h11.DONE
@@ -837,6 +942,7 @@ class V2Server:
         conn: h11.Connection,
         exc: ProtocolError | InferenceError,
         reader: BodyReader,
+        timeouts: Timeouts,
     ) -> bool:
         if conn.our_state is not h11.SEND_RESPONSE:
             return False  # the response had begun: all we can do is close
@@ -848,6 +954,7 @@ class V2Server:
         # server closed now; read the rest (within bounds) and keep the
         # connection, or say it closes.
         close = not await self._discard(reader)
+        stream.timeout = timeouts.write
         if close:
             head = _closing(head)
         out = [conn.send(head), conn.send(h11.Data(data=payload)), conn.send(h11.EndOfMessage())]

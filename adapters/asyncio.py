@@ -54,6 +54,7 @@ from ._server import (
     InferRequest,
     Model,
     StreamingResponse,
+    Timeouts,
     V2Server,
     echo_model,
     gather_small,
@@ -70,6 +71,7 @@ __all__ = [
     "SocketStream",
     "StreamingResponse",
     "StreamsStream",
+    "Timeouts",
     "V2Server",
     "close_server",
     "connect",
@@ -84,6 +86,9 @@ HIGH_WATER = 1 << 20
 
 #: Bytes a StreamReader buffers ahead, and reads of a body through it.
 STREAM_LIMIT = 1 << 20
+
+#: Connections the kernel queues for accept (uvicorn's default; asyncio's is 100).
+BACKLOG = 2048
 
 
 _T = TypeVar("_T")
@@ -423,12 +428,15 @@ async def start_server(
     """Start serving ``server`` (default: one with the ``echo`` model).
 
     ``zero_copy`` picks the BufferedProtocol transport (tensor bytes received
-    in place) over asyncio streams; ``timeout`` bounds each wait for the peer,
-    for its bytes or for it to take ours (None: no bound). Port 0 picks a free port: read it from
+    in place) over asyncio streams. The server's :class:`Timeouts` bound each
+    phase of a request; ``timeout``, when given, is used for every phase
+    instead. Port 0 picks a free port: read it from
     ``server.sockets[0].getsockname()[1]``. Stop it with :func:`close_server`,
-    which also ends the connections it is serving.
+    which also ends the connections it is serving. The listen backlog is
+    :data:`BACKLOG`.
     """
     app = server if server is not None else V2Server()
+    bounds = Timeouts.every(timeout) if timeout is not None else None
     tasks: set[asyncio.Task[None]] = set()
 
     def track(task: asyncio.Task[None]) -> None:
@@ -436,12 +444,14 @@ async def start_server(
         task.add_done_callback(tasks.discard)
 
     def spawn(stream: BufferedStream) -> None:
-        track(asyncio.get_running_loop().create_task(app.serve_connection(stream)))
+        track(asyncio.get_running_loop().create_task(app.serve_connection(stream, bounds)))
 
     srv: asyncio.Server
     if zero_copy:
         loop = asyncio.get_running_loop()
-        srv = await loop.create_server(lambda: _ReceiveProtocol(spawn, timeout), host, port)
+        srv = await loop.create_server(
+            lambda: _ReceiveProtocol(spawn, timeout), host, port, backlog=BACKLOG
+        )
     else:
 
         async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -449,13 +459,13 @@ async def start_server(
             assert task is not None
             track(task)
             try:
-                await app.serve_connection(StreamsStream(reader, writer, timeout))
+                await app.serve_connection(StreamsStream(reader, writer, timeout), bounds)
             except asyncio.CancelledError:
                 # Ended by close_server (or the loop's shutdown): asyncio's
                 # streams would log a cancelled handler as an error.
                 pass
 
-        srv = await asyncio.start_server(on_client, host, port, limit=STREAM_LIMIT)
+        srv = await asyncio.start_server(on_client, host, port, limit=STREAM_LIMIT, backlog=BACKLOG)
     _CONNECTIONS[srv] = tasks
     return srv
 

@@ -52,6 +52,7 @@ from ._server import (
     InferRequest,
     Model,
     StreamingResponse,
+    Timeouts,
     V2Server,
     echo_model,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "Model",
     "ResponseStream",
     "StreamingResponse",
+    "Timeouts",
     "TrioSocketStream",
     "TrioStream",
     "V2Server",
@@ -178,9 +180,10 @@ def connection_handler(
     the options.
     """
     app = server if server is not None else V2Server()
+    bounds = Timeouts.every(timeout) if timeout is not None else None
 
     async def handle(stream: trio.abc.Stream) -> None:
-        await app.serve_connection(wrap(stream, zero_copy=zero_copy, timeout=timeout))
+        await app.serve_connection(wrap(stream, zero_copy=zero_copy), bounds)
 
     return handle
 
@@ -197,8 +200,9 @@ async def serve(
 ) -> None:
     """Serve ``server`` (default: one with the ``echo`` model) until cancelled.
 
-    ``zero_copy`` receives tensor bytes in place with ``recv_into``;
-    ``timeout`` bounds each wait for a peer's bytes (None: no bound). Port 0
+    ``zero_copy`` receives tensor bytes in place with ``recv_into``. The
+    server's :class:`Timeouts` bound each phase of a request; ``timeout``,
+    when given, is used for every phase instead. Port 0
     picks a free port: ``port = await nursery.start(serve, ...)`` gives the
     bound one, and ``ready(port)`` is called once listening. (With port 0 and
     a host name with several addresses, each listener gets its own port; the

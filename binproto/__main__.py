@@ -19,9 +19,15 @@ def _serve(args: argparse.Namespace) -> int:
     def ready(port: int) -> None:
         print(f"binproto: serving V2 on http://{args.host}:{port}", flush=True)
 
-    from binproto.adapters._server import V2Server
+    from binproto.adapters._server import Timeouts, V2Server
 
-    server = V2Server(compress_responses=not args.no_compress)
+    timeouts = Timeouts(
+        keep_alive=args.keep_alive_timeout or None,
+        head=args.head_timeout or None,
+        body=args.body_timeout or None,
+        write=args.write_timeout or None,
+    )
+    server = V2Server(compress_responses=not args.no_compress, timeouts=timeouts)
 
     if args.backend == "trio":
         try:
@@ -80,7 +86,32 @@ def add_serve(subparsers: Any) -> None:
         action="store_true",
         help="never compress responses, whatever the client's Accept-Encoding",
     )
+    # The server's timeouts (see binproto.adapters._server.Timeouts); 0: no bound.
+    for flag, default, what in (
+        ("--keep-alive-timeout", 5.0, "idle time allowed between requests (then close)"),
+        ("--head-timeout", 10.0, "deadline for a whole request head (then 408)"),
+        ("--body-timeout", 30.0, "longest wait for more of a request body (then 408)"),
+        ("--write-timeout", 30.0, "longest wait for a client to take response bytes (then close)"),
+    ):
+        p.add_argument(
+            flag,
+            type=_seconds,
+            default=default,
+            metavar="SECONDS",
+            help=f"{what}; default {default:g}, 0 for no bound",
+        )
     p.set_defaults(func=_serve)
+
+
+def _seconds(text: str) -> float:
+    """A timeout flag's value: seconds, at least 0 (0: no bound)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"seconds must be 0 or more, got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -189,6 +189,15 @@ class _Metered:
         self._chunk = chunk
         self._progress = progress
 
+    @property
+    def timeout(self) -> float | None:
+        """The wrapped stream's bound on one wait for the peer."""
+        return self._inner.timeout  # type: ignore[no-any-return]
+
+    @timeout.setter
+    def timeout(self, value: float | None) -> None:
+        self._inner.timeout = value
+
     async def receive_some(self, max_bytes: int) -> Any:
         data = await self._inner.receive_some(min(max_bytes, self._chunk))
         self._progress.add(received=len(data))

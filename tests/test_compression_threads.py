@@ -173,6 +173,8 @@ def test_trio_client_compresses_requests_off_the_loop(slow: SlowCompression) -> 
 class OneRead:
     """A stream whose whole body arrives in one read, as a fast peer's can."""
 
+    timeout: float | None = None
+
     def __init__(self, data: bytes) -> None:
         self.data = data
 

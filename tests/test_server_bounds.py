@@ -1,0 +1,163 @@
+"""The servers under failing and oversized peers: every refusal is answered
+when it still can be, and a failed request's memory is released at once. Run
+against both backends (asyncio, zero-copy and streams; trio) over loopback.
+(Timeouts: tests/test_timeouts.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import binproto
+from binproto.adapters._server import Timeouts, V2Server
+
+trio = pytest.importorskip("trio")
+
+from binproto.adapters import asyncio as ba  # noqa: E402
+from binproto.adapters import trio as bt  # noqa: E402
+
+SHORT = Timeouts(keep_alive=0.3, head=0.6, body=0.3, write=0.3)
+
+
+class Running:
+    """A server on one backend, in a thread with its own event loop."""
+
+    def __init__(self, backend: str, app: V2Server) -> None:
+        self.backend = backend
+        self.port = 0
+        self._ready = threading.Event()
+        self._stop: Callable[[], object] | None = None
+        self._thread = threading.Thread(target=self._run, args=(app,), daemon=True)
+        self._thread.start()
+        assert self._ready.wait(10)
+
+    def _started(self, port: int) -> None:
+        self.port = port
+        self._ready.set()
+
+    def _run(self, app: V2Server) -> None:
+        if self.backend == "trio":
+            trio.run(self._trio, app)
+        else:
+            asyncio.run(self._asyncio(app))
+
+    async def _trio(self, app: V2Server) -> None:
+        async with trio.open_nursery() as nursery:
+            token = trio.lowlevel.current_trio_token()
+            self._stop = lambda: token.run_sync_soon(nursery.cancel_scope.cancel)
+            await nursery.start(functools.partial(bt.serve, app, ready=self._started))
+
+    async def _asyncio(self, app: V2Server) -> None:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        self._stop = lambda: loop.call_soon_threadsafe(task.cancel)
+        zero_copy = self.backend == "asyncio"
+        try:
+            await ba.serve(app, port=0, zero_copy=zero_copy, ready=self._started)
+        except asyncio.CancelledError:
+            pass
+
+    def close(self) -> None:
+        assert self._stop is not None
+        self._stop()
+        self._thread.join(10)
+
+
+BACKENDS = ["asyncio", "asyncio-streams", "trio"]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def serving(backend: str, app: V2Server) -> Iterator[Running]:
+    running = Running(backend, app)
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+@pytest.fixture
+def short(backend: str) -> Iterator[Running]:
+    yield from serving(backend, V2Server(timeouts=SHORT))
+
+
+def connect(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=10)
+
+
+def read_all(sock: socket.socket) -> bytes:
+    """Everything until the server closes."""
+    out = bytearray()
+    while data := sock.recv(65536):
+        out += data
+    return bytes(out)
+
+
+def request_bytes(arrays: dict[str, Any]) -> bytes:
+    body = binproto.encode_request(arrays)
+    head = "POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in body.headers)
+    return head.encode() + b"\r\n" + bytes(body)
+
+
+# -- listening -----------------------------------------------------------------------------
+
+
+def test_asyncio_listens_with_a_backlog_of_2048(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[int] = []
+    real = asyncio.base_events.BaseEventLoop.create_server
+
+    async def spy(self: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs.get("backlog", 100))
+        return await real(self, *args, **kwargs)
+
+    monkeypatch.setattr(asyncio.base_events.BaseEventLoop, "create_server", spy)
+
+    async def main() -> None:
+        for zero_copy in (True, False):
+            srv = await ba.start_server(port=0, zero_copy=zero_copy)
+            await ba.close_server(srv)
+
+    asyncio.run(main())
+    assert seen == [2048, 2048]
+
+
+# -- requests refused from their head ------------------------------------------------------
+
+
+@pytest.mark.parametrize("length", [2**53, 10**20 - 1, 10**20, 10**25])
+def test_an_absurd_content_length_is_answered(short: Running, length: int) -> None:
+    with connect(short.port) as sock:
+        sock.sendall(
+            b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n"
+            + f"Content-Length: {length}\r\n\r\n".encode()
+        )
+        received = read_all(sock)
+    # Over 20 digits h11 refuses the head itself (400) before binproto sees it.
+    status = b"413" if length < 10**20 else b"400"
+    assert received.startswith(b"HTTP/1.1 " + status), received[:100]
+    assert b"Connection: close" in received
+
+
+def test_a_head_over_64_kib_is_refused(short: Running) -> None:
+    def head_of(size: int) -> bytes:
+        start = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Pad: "
+        return start + b"a" * (size - len(start) - 4) + b"\r\n\r\n"
+
+    with connect(short.port) as sock:
+        sock.sendall(head_of(64 * 1024))
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+    with connect(short.port) as sock:
+        sock.sendall(head_of(64 * 1024 + 1))  # read whole, so answered, not reset
+        received = read_all(sock)
+    assert received.startswith(b"HTTP/1.1 431 "), received[:100]

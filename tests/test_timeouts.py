@@ -1,0 +1,250 @@
+"""The servers' timeouts (keep-alive idle, request head deadline, body
+inactivity, response write stall), on asyncio (both transports) and trio,
+over real sockets on 127.0.0.1 with short configured timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import h11
+import numpy as np
+import pytest
+import trio
+
+import binproto
+from binproto import LocalProtocolError
+from binproto.adapters import trio as bt
+from binproto.adapters._server import Timeouts, V2Server
+from binproto.adapters.asyncio import close_server, start_server
+from binproto.adapters.h11 import request_for, send_message
+
+BACKENDS = ["asyncio", "asyncio-streams", "trio"]
+
+
+@contextlib.contextmanager
+def _asyncio_server(app: V2Server, zero_copy: bool, **options: Any) -> Iterator[int]:
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    state: dict[str, Any] = {}
+
+    async def main() -> None:
+        srv = await start_server(app, "127.0.0.1", 0, zero_copy=zero_copy, **options)
+        state["port"] = srv.sockets[0].getsockname()[1]
+        state["stop"] = stop = asyncio.Event()
+        ready.set()
+        try:
+            await stop.wait()
+        finally:
+            await close_server(srv)
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    try:
+        yield state["port"]
+    finally:
+        loop.call_soon_threadsafe(state["stop"].set)
+        thread.join(10)
+        loop.close()
+
+
+@contextlib.contextmanager
+def _trio_server(app: V2Server, **options: Any) -> Iterator[int]:
+    ready = threading.Event()
+    state: dict[str, Any] = {}
+
+    def started(port: int) -> None:
+        state["port"] = port
+        ready.set()
+
+    async def main() -> None:
+        with trio.CancelScope() as scope:
+            state["scope"] = scope
+            state["token"] = trio.lowlevel.current_trio_token()
+            await bt.serve(app, ready=started, **options)
+
+    thread = threading.Thread(target=trio.run, args=(main,), daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    try:
+        yield state["port"]
+    finally:
+        state["token"].run_sync_soon(state["scope"].cancel)
+        thread.join(10)
+
+
+def serving(backend: str, timeouts: Timeouts | None = None, **options: Any) -> Any:
+    """A server on ``backend`` in a thread; the context manager yields its port."""
+    app = V2Server(timeouts=timeouts) if timeouts is not None else V2Server()
+    if backend == "trio":
+        return _trio_server(app, **options)
+    return _asyncio_server(app, zero_copy=backend == "asyncio", **options)
+
+
+def _request(x: np.ndarray[Any, Any]) -> bytes:
+    body = binproto.encode_request({"x": x}, binary_data_output=True)
+    conn = h11.Connection(h11.CLIENT)
+    return b"".join(
+        bytes(p) for p in send_message(conn, request_for("/v2/models/echo/infer", body), body)
+    )
+
+
+def _connect(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes (the socket's timeout bounds each wait)."""
+    data = bytearray()
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := sock.recv(1 << 20):
+            data += chunk
+    return bytes(data)
+
+
+GET_LIVE = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def test_defaults_are_those_of_production_servers() -> None:
+    assert Timeouts() == Timeouts(keep_alive=5.0, head=10.0, body=30.0, write=30.0)
+    assert V2Server().timeouts == Timeouts()
+    assert Timeouts.every(2) == Timeouts(2, 2, 2, 2)
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("inf"), float("nan"), "5", True])
+def test_a_timeout_must_be_positive_seconds_or_none(bad: Any) -> None:
+    with pytest.raises(LocalProtocolError, match="keep_alive"):
+        Timeouts(keep_alive=bad)
+    with pytest.raises(LocalProtocolError, match="timeouts must be"):
+        V2Server(timeouts=5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_idle_connection_is_closed_after_keep_alive(backend: str) -> None:
+    with serving(backend, Timeouts(keep_alive=0.2)) as port:
+        with _connect(port) as sock:  # never sends a byte
+            start = time.monotonic()
+            assert _until_closed(sock) == b""
+            assert time.monotonic() - start < 3
+        with _connect(port) as sock:  # idle after a response
+            sock.sendall(GET_LIVE)
+            start = time.monotonic()
+            data = _until_closed(sock)
+            assert data.startswith(b"HTTP/1.1 200 ") and data.count(b"HTTP/1.1") == 1
+            assert time.monotonic() - start < 3
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_dripped_head_is_cut_at_its_deadline(backend: str) -> None:
+    # Each byte comes well within every per-read bound: only a deadline on
+    # the whole head cuts it.
+    head = b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: a\r\n" * 100
+    with serving(backend, Timeouts(keep_alive=1, head=0.6, body=1, write=1)) as port:
+        with _connect(port) as sock:
+            start = time.monotonic()
+            with contextlib.suppress(ConnectionError):
+                for i in range(len(head)):
+                    sock.sendall(head[i : i + 1])
+                    time.sleep(0.02)
+                    if time.monotonic() - start > 5:
+                        break
+            received = _until_closed(sock)
+            elapsed = time.monotonic() - start
+    assert received.startswith(b"HTTP/1.1 408 "), received[:200]
+    assert b"Connection: close" in received and b"request head" in received
+    assert elapsed < 3
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_stalled_body_is_answered_408(backend: str) -> None:
+    wire = _request(np.zeros(1000, dtype=np.float32))
+    with serving(backend, Timeouts(keep_alive=5, head=5, body=0.3, write=5)) as port:
+        with _connect(port) as sock:
+            sock.sendall(wire[:-100])
+            start = time.monotonic()
+            received = _until_closed(sock)
+            assert time.monotonic() - start < 3
+    assert received.startswith(b"HTTP/1.1 408 "), received[:200]
+    assert b"request body" in received and b"Connection: close" in received
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_slow_body_that_keeps_moving_is_read(backend: str) -> None:
+    # 8 pieces 0.15 s apart: 1.2 s in all, past the 0.5 s bound, but never
+    # 0.5 s without progress.
+    x = np.arange(4000, dtype=np.float32)
+    wire = _request(x)
+    step = -(-len(wire) // 8)
+    with serving(backend, Timeouts(keep_alive=5, head=5, body=0.5, write=5)) as port:
+        with _connect(port) as sock:
+            for i in range(0, len(wire), step):
+                sock.sendall(wire[i : i + step])
+                time.sleep(0.15)
+            sock.shutdown(socket.SHUT_WR)
+            received = _until_closed(sock)
+    assert received.startswith(b"HTTP/1.1 200 "), received[:200]
+    assert x.tobytes() in received
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_peer_that_stops_reading_is_closed_after_the_write_stall(backend: str) -> None:
+    x = np.zeros(16 << 20, dtype=np.float32)  # 64 MiB back: more than socket buffers hold
+    with serving(backend, Timeouts(keep_alive=5, head=5, body=5, write=0.3)) as port:
+        with _connect(port) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+            sock.sendall(_request(x))
+            time.sleep(2)  # read nothing for several write timeouts
+            received = len(_until_closed(sock))
+    assert received < x.nbytes  # the server gave up and closed
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_timeout_option_bounds_every_phase(backend: str) -> None:
+    # start_server / serve(timeout=...) overrides the server's timeouts.
+    with serving(backend, Timeouts(keep_alive=60), timeout=0.2) as port:
+        with _connect(port) as sock:
+            start = time.monotonic()
+            assert _until_closed(sock) == b""
+            assert time.monotonic() - start < 3
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_serve_command_timeout_flags(backend: str) -> None:
+    import re
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "binproto", "serve", "--port", "0", "--backend", backend]
+    command += ["--keep-alive-timeout", "0.3", "--head-timeout", "0"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        match = re.search(r":(\d+)$", proc.stdout.readline().strip())
+        assert match
+        with _connect(int(match.group(1))) as sock:
+            start = time.monotonic()
+            assert _until_closed(sock) == b""
+            assert time.monotonic() - start < 5
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_serve_command_timeout_flags_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    from binproto.__main__ import build_parser
+
+    args = build_parser().parse_args(["serve"])
+    assert (args.keep_alive_timeout, args.head_timeout) == (5.0, 10.0)
+    assert (args.body_timeout, args.write_timeout) == (30.0, 30.0)
+    for bad in ("-1", "inf", "soon"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", "--body-timeout", bad])
+    assert "--body-timeout" in capsys.readouterr().err
