@@ -188,9 +188,10 @@ _QVALUE = re.compile(r"(?:0(?:\.[0-9]{0,3})?|1(?:\.0{0,3})?)")
 def preferred_encoding(accept_encoding: str | None) -> str | None:
     """The content coding to answer with, given a request's Accept-Encoding.
 
-    ``"gzip"`` when the client accepts it, else ``"deflate"`` when it accepts
-    that, else None (send the body as it is). A coding is accepted when listed
-    (case-insensitively; ``x-gzip`` is gzip) with a q-value above 0 or none.
+    The accepted coding with the highest q-value, gzip on a tie; None when
+    neither gzip nor deflate is accepted (send the body as it is). A coding
+    is accepted when listed (case-insensitively; ``x-gzip`` is gzip) with a
+    q-value above 0 or none (1).
     ``br``, ``identity``, ``*`` and other codings are ignored, as are entries
     with a malformed q-value; a coding listed more than once takes its lowest
     q-value, so a refusal is never overridden. Never raises: a header binproto
@@ -212,7 +213,7 @@ def preferred_encoding(accept_encoding: str | None) -> str | None:
                 value = value.strip()
                 q = float(value) if _QVALUE.fullmatch(value) else 0.0
         weights[coding] = min(q, weights.get(coding, q))
-    for coding in ("gzip", "deflate"):
-        if weights.get(coding, 0.0) > 0:
-            return coding
-    return None
+    gzip, deflate = weights.get("gzip", 0.0), weights.get("deflate", 0.0)
+    if gzip > 0 and gzip >= deflate:
+        return "gzip"
+    return "deflate" if deflate > 0 else None

@@ -200,6 +200,12 @@ def test_parser_from_headers_kind_is_checked() -> None:
         ("gzip;q=, deflate", "deflate"),
         ("gzip;q=0, gzip", None),  # the refusal wins
         (" , ;, gzip;level=9", "gzip"),
+        # The highest q-value wins; gzip on a tie.
+        ("deflate;q=0.5, gzip;q=0.4", "deflate"),
+        ("gzip;q=0.4, deflate", "deflate"),
+        ("deflate;q=0.5, gzip;q=0.5", "gzip"),
+        ("deflate;q=1, gzip;q=0.999", "deflate"),
+        ("deflate;q=0.2, gzip", "gzip"),
     ],
 )
 def test_preferred_encoding(accept: str | None, expected: str | None) -> None:
