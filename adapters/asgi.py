@@ -30,6 +30,7 @@ much extra per message.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import (
     AsyncIterable,
     AsyncIterator,
@@ -68,10 +69,20 @@ else:
     except ImportError:  # Starlette is optional: plain ASGI applications then.
         _ResponseBase = object
 
+try:
+    # What Starlette's request.stream() raises on http.disconnect.
+    from starlette.requests import ClientDisconnect as _StarletteDisconnect
+except ImportError:  # pragma: no cover - Starlette is optional
+
+    class _StarletteDisconnect(Exception):  # type: ignore[no-redef]
+        """Never raised: Starlette is not installed."""
+
+
 __all__ = [
     "CHUNK_SIZE",
     "BodySource",
     "BufferResponse",
+    "ClientDisconnected",
     "EncodedResponse",
     "Message",
     "Receive",
@@ -100,7 +111,24 @@ BodySource = Receive | AsyncIterable[Any]
 CHUNK_SIZE = 1 << 20
 
 
+log = logging.getLogger("binproto.asgi")
+
+
 # -- reading ------------------------------------------------------------------------
+
+
+class ClientDisconnected(RemoteProtocolError):
+    """The client went away before the end of its request body.
+
+    Nobody is left to answer: an application may return any response (the
+    server drops it) or nothing. Logged once, at INFO, as a server logs a
+    lost connection; never a server fault.
+    """
+
+
+def _disconnected(received: int) -> ClientDisconnected:
+    log.info("the client disconnected after %d bytes of the request body", received)
+    return ClientDisconnected("the client disconnected before the end of the body", offset=received)
 
 
 def _scope_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
@@ -127,7 +155,8 @@ async def body_chunks(receive: Receive) -> AsyncIterator[bytes]:
     """Yield the request body's bytes from ASGI ``http.request`` messages.
 
     Ends after the message with ``more_body`` false. A client that disconnects
-    first is a :class:`binproto.RemoteProtocolError`: the body is incomplete.
+    first is a :class:`ClientDisconnected` (a :class:`binproto.RemoteProtocolError`):
+    the body is incomplete.
     """
     received = 0
     while True:
@@ -141,9 +170,7 @@ async def body_chunks(receive: Receive) -> AsyncIterator[bytes]:
             if not message.get("more_body", False):
                 return
         elif kind == "http.disconnect":
-            raise RemoteProtocolError(
-                "the client disconnected before the end of the body", offset=received
-            )
+            raise _disconnected(received)
 
 
 async def iter_events(
@@ -162,7 +189,9 @@ async def iter_events(
     while the consumer holds an event, so memory stays bounded by the chunk
     size plus what the consumer keeps. A :class:`~binproto.TensorChunk`'s data
     is valid until the next event is requested. Raises
-    :class:`binproto.RemoteProtocolError` for a bad or incomplete body.
+    :class:`binproto.RemoteProtocolError` for a bad or incomplete body, and
+    :class:`ClientDisconnected` when the client leaves mid-body (Starlette's
+    ``ClientDisconnect`` included).
     """
     if parser is None:
         parser = parser_from_scope(scope, limits=limits, strict_bool=strict_bool)
@@ -172,10 +201,18 @@ async def iter_events(
     if parser.state is ParserState.HEADER:
         for event in parser.events():
             yield event
-    chunks = body_chunks(source) if callable(source) else source
-    async for chunk in chunks:
+    chunks = aiter(body_chunks(source) if callable(source) else source)
+    received = 0
+    while True:
+        try:
+            chunk = await anext(chunks)
+        except StopAsyncIteration:
+            break
+        except _StarletteDisconnect:
+            raise _disconnected(received) from None
         if not len(chunk):
             continue  # Starlette's stream() ends with b"": not the end mark.
+        received += len(chunk)
         parser.receive_data(chunk)
         for event in parser.events():
             yield event

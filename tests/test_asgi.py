@@ -7,6 +7,7 @@ import asyncio
 import gzip
 import itertools
 import json
+import logging
 import socket
 import subprocess
 import sys
@@ -163,6 +164,45 @@ def test_disconnect_mid_body() -> None:
     assert err.status_hint == 400
     assert err.offset == 50
     assert "disconnected" in str(err)
+
+
+def test_disconnect_mid_body_is_a_client_disconnected_logged_at_info(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    body, data = encoded()
+    caplog.set_level(logging.INFO, logger="binproto.asgi")
+    err = fails(scope_for(body.headers), receiver([data[:50]], disconnect=True))
+    assert isinstance(err, asgi.ClientDisconnected) and err.offset == 50
+    assert [r.levelno for r in caplog.records] == [logging.INFO]
+
+
+def _example_app() -> Any:
+    import importlib.util
+
+    from tests.example_server import EXAMPLE
+
+    spec = importlib.util.spec_from_file_location("example_fastapi_server", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module.app
+
+
+def test_fastapi_example_client_leaving_mid_body_is_a_quiet_close(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Starlette's request.stream() raises ClientDisconnect on http.disconnect:
+    # that ends the request quietly (INFO), not as a fault of the application.
+    body, data = encoded()
+    scope = scope_for(body.headers)
+    scope.update(path="/v2/models/echo/infer", raw_path=b"/v2/models/echo/infer")
+    scope.update(query_string=b"", root_path="", scheme="http", http_version="1.1")
+    scope.update(server=("127.0.0.1", 8000), client=("127.0.0.1", 1234))
+    caplog.set_level(logging.INFO)
+    asyncio.run(_example_app()(scope, receiver([data[:50]], disconnect=True), Recorder()))
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.name for r in caplog.records if r.levelno == logging.INFO] == ["binproto.asgi"]
 
 
 def test_body_shorter_than_declared() -> None:
