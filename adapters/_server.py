@@ -42,6 +42,7 @@ from binproto import (
     BodyWriter,
     EncodedBody,
     Event,
+    HeaderFields,
     HeaderParsed,
     InferenceHeader,
     Limits,
@@ -59,6 +60,7 @@ from binproto._assemble import Destinations
 from .h11 import (
     content_length_of,
     error_response,
+    fields_of,
     has_both_lengths,
     header_rest,
     json_response,
@@ -783,13 +785,14 @@ class V2Server:
         """Answer one request; True when the connection may serve another."""
         stream.timeout = timeouts.body
         try:
-            if has_both_lengths(req):
+            fields = fields_of(req)
+            if has_both_lengths(fields):
                 # Two framings: whichever one is used, a peer (or a proxy in front)
                 # may have meant the other and smuggled a request into the body.
                 raise RemoteProtocolError(
                     "a request may not carry both Content-Length and Transfer-Encoding"
                 )
-            length = content_length_of(req)
+            length = content_length_of(fields)
         except RemoteProtocolError as exc:
             stream.timeout = timeouts.write
             await self._send_error_and_close(stream, conn, exc)
@@ -801,7 +804,7 @@ class V2Server:
             if r.kind != "not_found" and req.method.decode("latin-1") != r.method:
                 raise InferenceError(f"method {req.method.decode('latin-1')} not allowed", 405)
             if r.kind == "infer":
-                body, result = await self._infer(req, r, reader)
+                body, result = await self._infer(req, fields, r, reader)
                 stream.timeout = timeouts.write
                 head: h11.Response
                 if isinstance(result, StreamingResponse):
@@ -896,10 +899,10 @@ class V2Server:
         return model
 
     async def _infer(
-        self, req: h11.Request, r: Route, reader: BodyReader
+        self, req: h11.Request, fields: HeaderFields, r: Route, reader: BodyReader
     ) -> tuple[MessageBody, Any]:
         model = self._model(r)
-        body = MessageBody(parser_for(req, limits=self.limits), reader)
+        body = MessageBody(parser_for(req, limits=self.limits, fields=fields), reader)
         header = await body.read_header()
         shared = [t.name for t in header.tensors if t.shared_memory]
         if shared:

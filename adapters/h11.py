@@ -37,7 +37,7 @@ import h11
 import binproto
 from binproto import Event, Limits, Parser, ParserState, ProtocolError, RemoteProtocolError
 from binproto._header import Kind
-from binproto._http import content_length_from, header_value
+from binproto._http import HeaderFields, content_length_from
 from binproto._parser import as_byte_view
 
 if TYPE_CHECKING:
@@ -50,6 +50,7 @@ __all__ = [
     "error_message",
     "error_response",
     "feed",
+    "fields_of",
     "has_both_lengths",
     "header_rest",
     "json_response",
@@ -89,30 +90,35 @@ def _headers(event: h11.Request | h11.Response) -> list[tuple[bytes, bytes]]:
     return list(event.headers)
 
 
+def fields_of(event: h11.Request | h11.Response | HeaderFields) -> HeaderFields:
+    """The header fields of a message head, read once (see
+    :class:`binproto.HeaderFields`); given fields are returned as they are."""
+    return event if isinstance(event, HeaderFields) else HeaderFields(event.headers)
+
+
 def remote_error(exc: h11.ProtocolError) -> RemoteProtocolError:
     """h11's complaint about the peer's HTTP, as binproto's error (with h11's
     status hint)."""
     return RemoteProtocolError(str(exc), status_hint=exc.error_status_hint)
 
 
-def content_length_of(event: h11.Request | h11.Response) -> int | None:
+def content_length_of(event: h11.Request | h11.Response | HeaderFields) -> int | None:
     """The ``Content-Length`` of a message head (h11 has validated it), or None.
 
     None also beside a ``Transfer-Encoding``, which frames the body instead
-    (h11 reads it so; RFC 9112, section 6.3).
+    (h11 reads it so; RFC 9112, section 6.3). ``event`` may be the head's
+    :func:`fields_of`.
     """
-    return content_length_from(_headers(event))
+    return content_length_from(fields_of(event))
 
 
-def has_both_lengths(event: h11.Request | h11.Response) -> bool:
+def has_both_lengths(event: h11.Request | h11.Response | HeaderFields) -> bool:
     """True when the head carries both ``Content-Length`` and
     ``Transfer-Encoding``: a request a server must refuse or answer and then
-    close (RFC 9112, section 6.1), as a peer may mean either framing."""
-    headers = _headers(event)
-    return (
-        header_value(headers, "content-length") is not None
-        and header_value(headers, "transfer-encoding") is not None
-    )
+    close (RFC 9112, section 6.1), as a peer may mean either framing.
+    ``event`` may be the head's :func:`fields_of`."""
+    fields = fields_of(event)
+    return fields.get("content-length") is not None and fields.get("transfer-encoding") is not None
 
 
 def parser_for(
@@ -120,19 +126,20 @@ def parser_for(
     *,
     limits: Limits | None = None,
     strict_bool: bool = True,
+    fields: HeaderFields | None = None,
 ) -> Parser:
     """A :class:`binproto.Parser` for the body of ``event``.
 
     A request gets a request parser, a response a response parser. The
     ``Inference-Header-Content-Length``, ``Content-Length`` and
-    ``Content-Encoding`` headers configure it. Raises
+    ``Content-Encoding`` headers configure it (read from ``fields`` when
+    given: the head's :func:`fields_of`). Raises
     :class:`binproto.RemoteProtocolError` for bad values of those headers
     (status hint 415 for an unsupported content coding).
     """
     kind: Kind = "request" if isinstance(event, h11.Request) else "response"
-    return binproto.parser_from_headers(
-        kind, _headers(event), limits=limits, strict_bool=strict_bool
-    )
+    headers = fields if fields is not None else fields_of(event)
+    return binproto.parser_from_headers(kind, headers, limits=limits, strict_bool=strict_bool)
 
 
 def feed(parser: Parser, event: h11.Data | h11.EndOfMessage) -> None:

@@ -24,6 +24,7 @@ from ._events import (
 from ._header import InferenceHeader, Kind, RequestedOutput, TensorInfo
 from ._http import (
     HEADER_LENGTH_NAME,
+    HeaderFields,
     content_encoding_from,
     header_length_from,
     message_headers,
@@ -48,6 +49,7 @@ __all__ = [
     "DecodedMessage",
     "EncodedBody",
     "Event",
+    "HeaderFields",
     "HeaderParsed",
     "InferenceHeader",
     "Kind",

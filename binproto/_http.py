@@ -15,6 +15,7 @@ from ._raw import TensorSpec
 __all__ = [
     "CONTENT_ENCODING_NAME",
     "HEADER_LENGTH_NAME",
+    "HeaderFields",
     "Headers",
     "content_encoding_from",
     "content_length_from",
@@ -30,17 +31,65 @@ HEADER_LENGTH_NAME = "Inference-Header-Content-Length"
 # Longer than any body anyone will send: 2**53, also exact in a JSON number.
 _ABSURD = 2**53
 
-#: Any header collection: a mapping, or an iterable of (name, value) pairs.
+
+def _text(value: str | bytes) -> str:
+    return value.decode("latin-1") if isinstance(value, bytes) else value
+
+
+class HeaderFields:
+    """A message's header fields, read once: values by lower-cased name.
+
+    Pass it wherever :data:`Headers` are taken to look up several headers of
+    one message without reading every header each time (a server reads
+    Content-Length, Transfer-Encoding, Content-Encoding and
+    Inference-Header-Content-Length of each request). A name repeated with
+    different values is an error when it is looked up, as with
+    :func:`header_value`.
+    """
+
+    __slots__ = ("_conflicts", "_values")
+
+    def __init__(
+        self,
+        headers: Mapping[str, str]
+        | Mapping[bytes, bytes]
+        | Iterable[tuple[str, str]]
+        | Iterable[tuple[bytes, bytes]],
+    ) -> None:
+        values: dict[str, str] = {}
+        conflicts: dict[str, tuple[str, str]] = {}
+        items = headers.items() if isinstance(headers, Mapping) else headers
+        for key, value in items:
+            name = _text(key).lower()
+            text = _text(value).strip()
+            first = values.setdefault(name, text)
+            if first != text:
+                conflicts.setdefault(name, (first, text))
+        self._values = values
+        self._conflicts = conflicts
+
+    def get(self, name: str) -> str | None:
+        """The value of header ``name`` (any case), or None when absent.
+
+        Raises :class:`RemoteProtocolError` (400) when the header is repeated
+        with different values.
+        """
+        wanted = name.lower()
+        if wanted in self._conflicts:
+            first, other = self._conflicts[wanted]
+            raise RemoteProtocolError(f"conflicting {name} headers: {first!r} and {other!r}")
+        return self._values.get(wanted)
+
+
+#: Any header collection: a mapping, an iterable of (name, value) pairs, or
+#: :class:`HeaderFields`.
 Headers = (
     Mapping[str, str]
     | Mapping[bytes, bytes]
     | Iterable[tuple[str, str]]
     | Iterable[tuple[bytes, bytes]]
+    | HeaderFields
 )
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode("latin-1") if isinstance(value, bytes) else value
 
 
 def header_value(headers: Headers, name: str) -> str | None:
@@ -48,17 +97,8 @@ def header_value(headers: Headers, name: str) -> str | None:
 
     Repeated headers with different values are an error (status hint 400).
     """
-    items = headers.items() if isinstance(headers, Mapping) else headers
-    wanted = name.lower()
-    found: str | None = None
-    for key, value in items:
-        if _text(key).lower() != wanted:
-            continue
-        text = _text(value).strip()
-        if found is not None and found != text:
-            raise RemoteProtocolError(f"conflicting {name} headers: {found!r} and {text!r}")
-        found = text
-    return found
+    fields = headers if isinstance(headers, HeaderFields) else HeaderFields(headers)
+    return fields.get(name)
 
 
 def header_length_from(headers: Headers, *, content_length: int | None = None) -> int | None:
@@ -166,6 +206,8 @@ def parser_from_headers(
     Raises :class:`RemoteProtocolError` for bad values of those headers
     (status hint 415 for an unsupported content coding).
     """
+    if not isinstance(headers, HeaderFields):
+        headers = HeaderFields(headers)  # read once, looked up four times
     content_length = content_length_from(headers)
     encoding = content_encoding_from(headers)
     body_length = content_length if encoding is None else None
