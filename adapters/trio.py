@@ -55,6 +55,7 @@ from ._server import (
     Timeouts,
     V2Server,
     echo_model,
+    gather_small,
 )
 
 __all__ = [
@@ -112,13 +113,11 @@ class TrioStream:
         return bytes(data)
 
     async def send_all(self, buffers: Sequence[Any]) -> None:
-        """Write each buffer in turn, never joined."""
-        for buf in buffers:
-            view = as_byte_view(buf)
-            if not len(view):
-                continue
+        """Write the buffers in order: small ones gathered into one send, big
+        ones never joined (see :func:`~binproto.adapters._server.gather_small`)."""
+        for buf in gather_small(buffers):
             with self._deadline():
-                await self.stream.send_all(view)
+                await self.stream.send_all(as_byte_view(buf))
 
     async def to_thread(self, fn: Callable[..., _T], *args: Any) -> _T:
         """Run ``fn(*args)`` in a worker thread and return its result (bodies

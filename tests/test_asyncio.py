@@ -1493,3 +1493,64 @@ def test_client_reports_an_answer_sent_before_its_body_was_taken() -> None:
         assert info.value.status == 413 and info.value.message == "request too large"
 
     run(main())
+
+
+# -- per-request cost: what an optimisation of the serving path must keep true ------
+
+
+async def _keep_alive_round_trips(n: int, inputs: dict[str, Any]) -> list[bytes]:
+    """``n`` echo requests over one keep-alive connection, one at a time; the raw answers."""
+    srv = await start_server()
+    port = srv.sockets[0].getsockname()[1]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    answers = []
+    try:
+        for _ in range(n):
+            writer.write(_request_bytes(inputs))
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(re.search(rb"\ncontent-length: (\d+)", head.lower()).group(1))  # type: ignore[union-attr]
+            answers.append(head + await reader.readexactly(length))
+    finally:
+        writer.close()
+        await close_server(srv)
+    return answers
+
+
+def test_a_small_response_leaves_in_one_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Head, JSON and a 4 KiB tensor gathered: one write (one send), not one per piece.
+    from asyncio import selector_events
+
+    writes: list[int] = []
+    transport_class: Any = selector_events._SelectorSocketTransport  # type: ignore[attr-defined]
+    original = transport_class.write
+
+    def counting(self: Any, data: Any) -> None:
+        if type(self._protocol).__name__ == "_ReceiveProtocol":
+            writes.append(memoryview(data).nbytes)
+        original(self, data)
+
+    monkeypatch.setattr(transport_class, "write", counting)
+    x = np.arange(1024, dtype=np.float32)
+    (answer,) = asyncio.run(_keep_alive_round_trips(1, {"x": x}))
+    assert len(writes) == 1 and writes[0] == len(answer)
+    assert answer.endswith(x.tobytes())
+
+
+def test_reading_is_not_paused_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Stopping and restarting reading costs two epoll_ctl calls; a keep-alive
+    # client's next request should land in the read already waiting for it.
+    from asyncio import selector_events
+
+    pauses: list[int] = []
+    transport_class: Any = selector_events._SelectorTransport  # type: ignore[attr-defined]
+    original = transport_class.pause_reading
+
+    def counting(self: Any) -> None:
+        if type(self._protocol).__name__ == "_ReceiveProtocol":
+            pauses.append(1)
+        original(self)
+
+    monkeypatch.setattr(transport_class, "pause_reading", counting)
+    answers = asyncio.run(_keep_alive_round_trips(20, {"x": np.arange(16, dtype=np.int32)}))
+    assert len(answers) == 20 and all(a.startswith(b"HTTP/1.1 200") for a in answers)
+    assert pauses == []

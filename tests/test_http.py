@@ -218,3 +218,23 @@ def test_content_length_beside_transfer_encoding_does_not_count() -> None:
     assert content_length_from({"Content-Length": "5"}) == 5
     parser = binproto.parser_from_headers("request", headers)
     assert parser.content_length is None  # framed by its chunks
+
+
+def test_header_fields_are_read_once_and_looked_up_by_any_case() -> None:
+    fields = binproto.HeaderFields(
+        [(b"Content-Length", b"12"), (b"inference-header-content-length", b" 4 "), (b"X", b"1")]
+    )
+    assert fields.get("content-length") == "12"
+    assert fields.get("Inference-Header-Content-Length") == "4"
+    assert fields.get("absent") is None
+    parser = binproto.parser_from_headers("request", fields)
+    assert (parser.header_length, parser.content_length) == (4, 12)
+
+
+def test_header_fields_refuse_a_conflict_only_when_it_is_looked_up() -> None:
+    fields = binproto.HeaderFields([("X", "1"), ("x", "2"), ("Content-Length", "3")])
+    assert fields.get("content-length") == "3"
+    with pytest.raises(RemoteProtocolError, match="conflicting X headers: '1' and '2'"):
+        fields.get("X")
+    # A repeat with the same value is no conflict.
+    assert binproto.HeaderFields({"a": "1", "A": "1"}).get("a") == "1"

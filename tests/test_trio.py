@@ -1031,3 +1031,24 @@ def test_stream_timeout_is_a_timeout_error() -> None:
         assert scope.cancelled_caught  # no timeout: waits until cancelled
 
     trio.run(main)
+
+
+def test_small_buffers_leave_in_one_send_and_big_ones_unjoined() -> None:
+    sent: list[Any] = []
+
+    class Recording(trio.abc.SendStream):
+        async def send_all(self, data: Any) -> None:
+            sent.append(data)
+
+        async def wait_send_all_might_not_block(self) -> None:
+            pass
+
+        async def aclose(self) -> None:
+            pass
+
+    big = np.arange(1 << 16, dtype=np.uint8)
+    stream = bt.TrioStream(trio.StapledStream(Recording(), trio.testing.MemoryReceiveStream()))
+    trio.run(stream.send_all, [b"head", b"json", memoryview(b"tensor"), big, b"tail"])
+    assert [bytes(s) for s in sent[:1]] == [b"headjsontensor"]
+    assert len(sent) == 3 and np.shares_memory(np.frombuffer(sent[1], np.uint8), big)
+    assert bytes(sent[2]) == b"tail"
