@@ -58,6 +58,7 @@ from binproto import (
 from binproto._assemble import Destinations
 
 from .h11 import (
+    ResponseFramer,
     content_length_of,
     error_response,
     fields_of,
@@ -616,6 +617,21 @@ def route(method: str, target: str) -> Route:
     return Route("not_found")
 
 
+def _next_connection(conn: h11.Connection) -> h11.Connection:
+    """A fresh h11 connection for the next request on a stream, holding what
+    ``conn`` received past the last one. h11 only reads request heads (and
+    chunked bodies) here: responses are framed by ResponseFramer, and a
+    ``Content-Length`` body may be read around h11 (see BodyReader), so
+    ``conn`` cannot start a next cycle itself."""
+    fresh = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
+    data, closed = conn.trailing_data
+    if data:
+        fresh.receive_data(data)
+    if closed:
+        fresh.receive_data(b"")
+    return fresh
+
+
 @dataclass
 class V2Server:
     """A V2 inference server, independent of the I/O library.
@@ -701,11 +717,7 @@ class V2Server:
                 keep = await self._respond(stream, conn, request, bounds)
                 if not keep:
                     return
-                if conn.their_state is h11.DONE and conn.our_state is h11.DONE:
-                    conn.start_next_cycle()
-                else:
-                    # The body bypassed h11 (see BodyReader): begin afresh.
-                    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
+                conn = _next_connection(conn)
         except Exception:  # the peer went away, or a write failed: just close
             log.debug("connection closed on an error", exc_info=True)
         finally:
@@ -721,7 +733,7 @@ class V2Server:
                 event = conn.next_event()
             except h11.RemoteProtocolError as exc:
                 stream.timeout = timeouts.write
-                await self._send_error_and_close(stream, conn, remote_error(exc))
+                await self._send_error_and_close(stream, ResponseFramer(None), remote_error(exc))
                 return None
             # h11 only counts what it holds between reads: the reads are
             # bounded so that it never holds more than one byte past MAX_HEAD.
@@ -732,7 +744,7 @@ class V2Server:
                 too_big = RemoteProtocolError(
                     f"request head larger than {MAX_HEAD} bytes", status_hint=431
                 )
-                await self._send_error_and_close(stream, conn, too_big)
+                await self._send_error_and_close(stream, ResponseFramer(None), too_big)
                 return None
             if type(event) is h11.Request:
                 return event
@@ -754,7 +766,7 @@ class V2Server:
                         f" (not complete within {timeouts.head} s)",
                         status_hint=408,
                     )
-                    await self._send_error_and_close(stream, conn, late)
+                    await self._send_error_and_close(stream, ResponseFramer(None), late)
                 return None
             if not received and len(data):
                 # The head's deadline runs from its first byte.
@@ -763,17 +775,17 @@ class V2Server:
             conn.receive_data(data)
 
     async def _send_error_and_close(
-        self, stream: ByteStream, conn: h11.Connection, exc: ProtocolError
+        self, stream: ByteStream, framer: ResponseFramer, exc: ProtocolError
     ) -> None:
-        if conn.our_state is not h11.SEND_RESPONSE and conn.our_state is not h11.IDLE:
+        if framer.our_state is not h11.SEND_RESPONSE:
             return
         head, payload = error_response(exc)
         head = _closing(head)
         try:
             out = [
-                conn.send(head),
-                conn.send(h11.Data(data=payload)),
-                conn.send(h11.EndOfMessage()),
+                framer.send(head),
+                framer.send(h11.Data(data=payload)),
+                framer.send(h11.EndOfMessage()),
             ]
         except h11.LocalProtocolError:
             return
@@ -783,6 +795,7 @@ class V2Server:
         self, stream: ByteStream, conn: h11.Connection, req: h11.Request, timeouts: Timeouts
     ) -> bool:
         """Answer one request; True when the connection may serve another."""
+        framer = ResponseFramer(req)
         stream.timeout = timeouts.body
         try:
             fields = fields_of(req)
@@ -795,7 +808,7 @@ class V2Server:
             length = content_length_of(fields)
         except RemoteProtocolError as exc:
             stream.timeout = timeouts.write
-            await self._send_error_and_close(stream, conn, exc)
+            await self._send_error_and_close(stream, framer, exc)
             return False
         target = req.target.decode("latin-1")
         r = route(req.method.decode("latin-1"), target)
@@ -808,30 +821,33 @@ class V2Server:
                 stream.timeout = timeouts.write
                 head: h11.Response
                 if isinstance(result, StreamingResponse):
-                    await self._stream_response(stream, conn, result)
-                    return body.complete and conn.our_state is h11.DONE
+                    await self._stream_response(stream, framer, result)
+                    return body.complete and framer.reusable
                 encoding = self._response_encoding(req)
                 if encoding is not None:
-                    await self._send_compressed(stream, conn, result, encoding)
-                    return conn.our_state is h11.DONE
+                    await self._send_compressed(stream, framer, result, encoding)
+                    return framer.reusable
                 head = response_for(200, result)
-                pieces = [conn.send(head), *send_body(conn, result)]
+                pieces = [framer.send(head), *send_body(framer, result)]
             else:
                 await self._drain_small(reader)
                 head, payload = self._get(r)
-                pieces = [conn.send(head), conn.send(h11.Data(data=payload)) if payload else b""]
-                pieces.append(conn.send(h11.EndOfMessage()))
+                pieces = [
+                    framer.send(head),
+                    framer.send(h11.Data(data=payload)) if payload else b"",
+                ]
+                pieces.append(framer.send(h11.EndOfMessage()))
         except (ProtocolError, InferenceError) as exc:
-            return await self._error(stream, conn, exc, reader, timeouts)
+            return await self._error(stream, framer, exc, reader, timeouts)
         except TimeoutError:
-            if conn.our_state is not h11.SEND_RESPONSE:
+            if framer.our_state is not h11.SEND_RESPONSE:
                 return False  # the peer stopped taking the response: close
             # The body stalled: answer without waiting for it any more.
             reader.failed = RemoteProtocolError(
                 f"timed out waiting for the request body (no bytes within {timeouts.body} s)",
                 status_hint=408,
             )
-            return await self._error(stream, conn, reader.failed, reader, timeouts)
+            return await self._error(stream, framer, reader.failed, reader, timeouts)
         except (BrokenPipeError, ConnectionResetError) as exc:
             # The peer went away (reset mid-body, or closed while the response
             # was going out): nobody to answer, and not a fault of the server.
@@ -840,10 +856,10 @@ class V2Server:
         except Exception as exc:  # a handler failed: the server's fault
             log.exception("error while serving %s", target)
             return await self._error(
-                stream, conn, InferenceError(f"internal error: {exc}", 500), reader, timeouts
+                stream, framer, InferenceError(f"internal error: {exc}", 500), reader, timeouts
             )
         await stream.send_all([p for p in pieces if p])
-        return conn.our_state is h11.DONE
+        return framer.reusable
 
     def _response_encoding(self, req: h11.Request) -> str | None:
         """The coding for an inference response to ``req``, or None."""
@@ -854,11 +870,11 @@ class V2Server:
         return binproto.preferred_encoding(", ".join(values))
 
     async def _send_compressed(
-        self, stream: ByteStream, conn: h11.Connection, body: EncodedBody, encoding: str
+        self, stream: ByteStream, framer: ResponseFramer, body: EncodedBody, encoding: str
     ) -> None:
         head = response_for(200, body, headers=[("Vary", "Accept-Encoding")], encoding=encoding)
-        batches = send_compressed(conn, body, encoding, level=self.compression_level)
-        await write_compressed(stream, conn.send(head), batches)
+        batches = send_compressed(framer, body, encoding, level=self.compression_level)
+        await write_compressed(stream, framer.send(head), batches)
 
     async def _drain_small(self, reader: BodyReader) -> None:
         """Read the (expectedly empty) body of a GET."""
@@ -927,27 +943,27 @@ class V2Server:
         return body, encoded
 
     async def _stream_response(
-        self, stream: ByteStream, conn: h11.Connection, response: StreamingResponse
+        self, stream: ByteStream, framer: ResponseFramer, response: StreamingResponse
     ) -> None:
         writer = response.writer
-        head = conn.send(response_for(200, None, headers=writer.headers))
-        await stream.send_all([head, conn.send(h11.Data(data=writer.start()))])
+        head = framer.send(response_for(200, None, headers=writer.headers))
+        await stream.send_all([head, framer.send(h11.Data(data=writer.start()))])
         async for index, data in response.chunks:
-            await stream.send_all(send_data(conn, writer.send(index, data)))
+            await stream.send_all(send_data(framer, writer.send(index, data)))
         writer.end()
-        tail = conn.send(h11.EndOfMessage())
+        tail = framer.send(h11.EndOfMessage())
         if tail:
             await stream.send_all([tail])
 
     async def _error(
         self,
         stream: ByteStream,
-        conn: h11.Connection,
+        framer: ResponseFramer,
         exc: ProtocolError | InferenceError,
         reader: BodyReader,
         timeouts: Timeouts,
     ) -> bool:
-        if conn.our_state is not h11.SEND_RESPONSE:
+        if framer.our_state is not h11.SEND_RESPONSE:
             return False  # the response had begun: all we can do is close
         if isinstance(exc, InferenceError):
             head, payload = error_response(exc.message, exc.status)
@@ -960,9 +976,13 @@ class V2Server:
         stream.timeout = timeouts.write
         if close:
             head = _closing(head)
-        out = [conn.send(head), conn.send(h11.Data(data=payload)), conn.send(h11.EndOfMessage())]
+        out = [
+            framer.send(head),
+            framer.send(h11.Data(data=payload)),
+            framer.send(h11.EndOfMessage()),
+        ]
         await stream.send_all([b for b in out if b])
-        return not close and conn.states[h11.SERVER] is h11.DONE
+        return not close and framer.reusable
 
     async def _discard(self, reader: BodyReader) -> bool:
         """Read and drop the rest of a request body, up to :data:`DISCARD_LIMIT`

@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import h11
 
@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 __all__ = [
     "PIECE",
     "HTTPError",
+    "ResponseFramer",
+    "Sender",
     "content_length_of",
     "error_message",
     "error_response",
@@ -71,6 +73,117 @@ __all__ = [
 #: keep what the kernel did not take (asyncio on Python < 3.12 copies it) then
 #: hold at most this much extra.
 PIECE = 1 << 20
+
+
+class Sender(Protocol):
+    """What the ``send_*`` helpers write a message through: an
+    ``h11.Connection``, or a :class:`ResponseFramer` for a server's responses."""
+
+    def send(self, event: h11.Event) -> bytes | None:
+        """The bytes of ``event``, joined."""
+
+    def send_with_data_passthrough(self, event: h11.Event) -> list[bytes] | None:
+        """The pieces of ``event``, an ``h11.Data``'s data passed through as it is."""
+
+
+_CLOSE = (b"Connection", b"close")
+
+
+class ResponseFramer:
+    """Frames a server's response to one request as h11 would, byte for byte.
+
+    h11 parses the request head; the response then needs only framing: a
+    status line and headers, the body as it is (``Content-Length``) or in
+    chunks (``Transfer-Encoding: chunked``; to an HTTP/1.0 client, the body
+    ends when the connection closes), and ``Connection: close`` when the
+    connection will not serve another request. h11's send path does the same
+    with a state machine around every event, several times the cost for a
+    small response. It takes the same events (``h11.Response``, ``h11.Data``,
+    ``h11.EndOfMessage``: see :class:`Sender`), and ``our_state`` moves as
+    h11's would: ``SEND_RESPONSE``, ``SEND_BODY``, then ``DONE`` when the
+    connection may serve another request, else ``MUST_CLOSE``.
+
+    ``request`` is None when no request could be read (the head was refused):
+    the answer then closes the connection.
+    """
+
+    def __init__(self, request: h11.Request | None) -> None:
+        self.our_state: object = h11.SEND_RESPONSE
+        self._head_only = request is not None and request.method == b"HEAD"
+        self._http10 = request is None or request.http_version < b"1.1"
+        self.keep_alive = request is not None and not self._http10
+        if request is not None:
+            for name, value in request.headers:
+                if name == b"connection" and b"close" in value.lower().replace(b" ", b"").split(
+                    b","
+                ):
+                    self.keep_alive = False
+        self._length: int | None = None  # body bytes still due (Content-Length)
+        self._chunked = False
+
+    @property
+    def reusable(self) -> bool:
+        """True once the response is complete and the connection may serve
+        another request (``our_state`` is ``DONE``)."""
+        return self.our_state is h11.DONE
+
+    def send(self, event: h11.Event) -> bytes | None:
+        """The bytes of ``event``, joined (None for an ``EndOfMessage`` that adds none)."""
+        pieces = self.send_with_data_passthrough(event)
+        return b"".join(pieces) if pieces else None
+
+    def send_with_data_passthrough(self, event: h11.Event) -> list[Any] | None:
+        """The pieces of ``event``; an ``h11.Data``'s data is passed through
+        unjoined. Raises ``h11.LocalProtocolError`` for an event out of order or
+        body bytes beyond the declared ``Content-Length``, as h11 does."""
+        kind = type(event)
+        if kind is h11.Response and self.our_state is h11.SEND_RESPONSE:
+            assert isinstance(event, h11.Response)
+            return [self._head(event)]
+        if kind is h11.Data and self.our_state is h11.SEND_BODY:
+            assert isinstance(event, h11.Data)
+            return self._data(event.data)
+        if kind is h11.EndOfMessage and self.our_state is h11.SEND_BODY:
+            if self._length:
+                raise h11.LocalProtocolError("Too little data for declared Content-Length")
+            self.our_state = h11.DONE if self.keep_alive else h11.MUST_CLOSE
+            return [b"0\r\n\r\n"] if self._chunked else []
+        raise h11.LocalProtocolError(f"can't send {kind.__name__} in state {self.our_state}")
+
+    def _head(self, response: h11.Response) -> bytes:
+        headers = [(name, value) for name, value in response.headers.raw_items()]
+        lowered = [name.lower() for name, _ in headers]
+        if b"content-length" in lowered:
+            self._length = (
+                0 if self._head_only else int(headers[lowered.index(b"content-length")][1])
+            )
+        elif self._http10:
+            self.keep_alive = self.keep_alive and self._head_only  # the close ends the body
+        else:
+            headers.append((b"Transfer-Encoding", b"chunked"))
+            self._chunked = not self._head_only
+        if b"connection" in lowered and b"close" in headers[lowered.index(b"connection")][1]:
+            self.keep_alive = False
+        elif not self.keep_alive:
+            headers.append(_CLOSE)
+        self.our_state = h11.SEND_BODY
+        lines = [b"HTTP/1.1 %d %s\r\n" % (response.status_code, response.reason)]
+        lines.extend(b"%s: %s\r\n" % pair for pair in headers)
+        lines.append(b"\r\n")
+        return b"".join(lines)
+
+    def _data(self, data: Any) -> list[Any]:
+        n = len(data)
+        if self._head_only or not n:
+            return []
+        if self._length is not None:
+            self._length -= n
+            if self._length < 0:
+                raise h11.LocalProtocolError("Too much data for declared Content-Length")
+            return [data]
+        if self._chunked:
+            return [b"%x\r\n" % n, data, b"\r\n"]
+        return [data]
 
 
 class HTTPError(Exception):
@@ -165,7 +278,7 @@ def _buffers(body: EncodedBody | Sequence[Any]) -> Sequence[Any]:
     return body.buffers if hasattr(body, "buffers") else body
 
 
-def send_data(conn: h11.Connection, buf: Any) -> list[Any]:
+def send_data(conn: Sender, buf: Any) -> list[Any]:
     """The pieces to write for body bytes ``buf``, passed through, not copied.
 
     ``buf`` (any C-contiguous buffer) goes out as byte views of at most
@@ -182,7 +295,7 @@ def send_data(conn: h11.Connection, buf: Any) -> list[Any]:
     return out
 
 
-def send_body(conn: h11.Connection, body: EncodedBody | Sequence[Any]) -> list[Any]:
+def send_body(conn: Sender, body: EncodedBody | Sequence[Any]) -> list[Any]:
     """The pieces to write for the body ``body`` (a head has been sent).
 
     The first buffer (the JSON header) goes through ``conn.send``; every tensor
@@ -208,7 +321,7 @@ def send_body(conn: h11.Connection, body: EncodedBody | Sequence[Any]) -> list[A
 
 
 def send_message(
-    conn: h11.Connection,
+    conn: Sender,
     head: h11.Request | h11.Response,
     body: EncodedBody | Sequence[Any] = (),
 ) -> list[Any]:
@@ -275,7 +388,7 @@ def response_for(
 
 
 def send_compressed(
-    conn: h11.Connection, body: EncodedBody | Sequence[Any], encoding: str, *, level: int = 1
+    conn: Sender, body: EncodedBody | Sequence[Any], encoding: str, *, level: int = 1
 ) -> Iterator[list[Any]]:
     """The pieces to write for ``body`` compressed with ``encoding``, a batch at a time.
 

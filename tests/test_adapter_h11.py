@@ -18,6 +18,7 @@ from binproto import NEED_DATA, MessageComplete, RemoteProtocolError, TensorAsse
 from binproto.adapters._server import route
 from binproto.adapters.h11 import (
     PIECE,
+    ResponseFramer,
     error_message,
     error_response,
     feed,
@@ -373,3 +374,86 @@ def test_receive_body_into_reports_bad_chunked_framing_as_binproto_errors(tail: 
     finally:
         a.close()
         b.close()
+
+
+# -- ResponseFramer: a server's responses framed as h11 frames them --------------
+
+_HEADS = {
+    "1.1": b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+    "1.0": b"GET / HTTP/1.0\r\n\r\n",
+    "close": b"GET / HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, Close\r\n\r\n",
+}
+_RESPONSES = {
+    "content-length": [
+        h11.Response(status_code=200, headers=[("Content-Length", "5"), ("Content-Type", "x")]),
+        h11.Data(data=b"hello"),
+        h11.EndOfMessage(),
+    ],
+    "no length": [
+        h11.Response(status_code=200, headers=[("Content-Encoding", "gzip")]),
+        h11.Data(data=b"hello"),
+        h11.Data(data=memoryview(b"!")),  # type: ignore[arg-type]
+        h11.EndOfMessage(),
+    ],
+    "closing": [
+        h11.Response(status_code=400, headers=[("Content-Length", "2"), ("Connection", "close")]),
+        h11.Data(data=b"no"),
+        h11.EndOfMessage(),
+    ],
+}
+
+
+def _served(head: bytes) -> tuple[h11.Connection, h11.Request]:
+    conn = h11.Connection(h11.SERVER)
+    conn.receive_data(head)
+    request = conn.next_event()
+    assert isinstance(request, h11.Request)
+    return conn, request
+
+
+@pytest.mark.parametrize("response", _RESPONSES)
+@pytest.mark.parametrize("request_head", _HEADS)
+def test_response_framer_writes_what_h11_writes(request_head: str, response: str) -> None:
+    conn, request = _served(_HEADS[request_head])
+    framer = ResponseFramer(request)
+    ours: list[bytes] = []
+    theirs: list[bytes] = []
+    for event in _RESPONSES[response]:
+        ours.extend(bytes(p) for p in framer.send_with_data_passthrough(event) or [])
+        theirs.extend(bytes(p) for p in conn.send_with_data_passthrough(event) or [])
+    assert b"".join(ours) == b"".join(theirs)
+    assert framer.our_state is conn.our_state
+    assert framer.reusable is (conn.our_state is h11.DONE)
+
+
+def test_response_framer_refuses_what_h11_refuses() -> None:
+    _, request = _served(_HEADS["1.1"])
+    framer = ResponseFramer(request)
+    with pytest.raises(h11.LocalProtocolError):
+        framer.send(h11.Data(data=b"x"))  # no head yet
+    framer.send(h11.Response(status_code=200, headers=[("Content-Length", "1")]))
+    with pytest.raises(h11.LocalProtocolError, match="Too much data"):
+        framer.send(h11.Data(data=b"xy"))
+    with pytest.raises(h11.LocalProtocolError, match="Too little data"):
+        framer.send(h11.EndOfMessage())
+
+
+def test_response_framer_answers_head_without_a_body() -> None:
+    # (h11 itself raises here: it counts the body against Content-Length 0.)
+    _, request = _served(b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n")
+    framer = ResponseFramer(request)
+    out = b"".join(
+        bytes(p)
+        for e in _RESPONSES["content-length"]
+        for p in framer.send_with_data_passthrough(e) or []
+    )
+    assert out == b"HTTP/1.1 200 \r\nContent-Length: 5\r\nContent-Type: x\r\n\r\n"
+    assert framer.reusable
+
+
+def test_a_refused_head_is_answered_and_closed() -> None:
+    framer = ResponseFramer(None)
+    head = framer.send(h11.Response(status_code=400, headers=[("Content-Length", "0")]))
+    framer.send(h11.EndOfMessage())
+    assert head is not None and head.endswith(b"Connection: close\r\n\r\n")
+    assert not framer.reusable
