@@ -1,4 +1,4 @@
-"""The ``binproto`` command line: inspect, encode and bench."""
+"""The ``binproto`` command line: inspect and encode."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import binproto
-from binproto import _cli
-from binproto.__main__ import main
+from binproto.cli import _commands as _cli
+from binproto.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -385,24 +385,6 @@ def test_subprocess_pipes_encode_into_inspect(tmp_path: Path) -> None:
     assert (x["min"], x["max"], x["mean"]) == (0.0, 1.0, pytest.approx(0.5))
 
 
-def test_bench_delegates_to_the_suite(capfd: pytest.CaptureFixture[str]) -> None:
-    if not (ROOT / "benchmarks" / "run.py").is_file():
-        pytest.skip("no benchmark suite in this checkout")
-    code = main(["bench", "--help"])
-    out, _ = capfd.readouterr()
-    assert code == 0
-    assert "usage:" in out and "benchmarks.run" in out
-
-
-def test_bench_without_a_checkout(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setattr(_cli, "checkout_root", lambda: tmp_path)
-    code, _, err = run(["bench"], capsys)
-    assert code == 2
-    assert "benchmarks/run.py" in err and str(tmp_path) in err
-
-
 def test_bytes_summary_shows_only_elements_inside_the_kept_prefix() -> None:
     big = [bytes([k]) * 40_000 for k in range(3)]  # the second straddles the kept prefix
     encoded = binproto.encode_request({"s": big})
@@ -441,3 +423,20 @@ def test_inspect_reports_lone_surrogates_in_peer_names(
     assert done.returncode == 1, done.stderr
     assert b"The surrogate pair in string is invalid" in done.stderr
     assert b"Traceback" not in done.stderr
+
+
+def test_there_is_no_bench_command(capsys: pytest.CaptureFixture[str]) -> None:
+    # The benchmarks belong to a source checkout: python -m benchmarks.run there.
+    with pytest.raises(SystemExit) as exc:
+        main(["bench"])
+    assert exc.value.code == 2
+    assert "invalid choice: 'bench'" in capsys.readouterr().err
+
+
+def test_help_is_plain_text() -> None:
+    # No reStructuredText markup (``literal``) in what a terminal shows.
+    for argv in (["--help"], ["inspect", "--help"], ["encode", "--help"], ["serve", "--help"]):
+        result = subprocess.run(
+            [sys.executable, "-m", "binproto", *argv], capture_output=True, text=True, check=True
+        )
+        assert "``" not in result.stdout and ":func:" not in result.stdout, argv

@@ -11,9 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from binproto import _demo
-from binproto.__main__ import main
 from binproto.adapters.asyncio import InferRequest, Model, V2Server, start_server
+from binproto.cli import _demo, main
 
 MiB = 1024 * 1024
 
@@ -130,8 +129,8 @@ def test_progress_lines_are_throttled() -> None:
 
 def test_cli_modules_import_no_io_library() -> None:
     code = (
-        "import sys, binproto, binproto._cli, binproto._demo, binproto.__main__\n"
-        "binproto.__main__.build_parser()\n"
+        "import sys, binproto, binproto.cli, binproto.cli._commands, binproto.cli._demo\n"
+        "binproto.cli.build_parser()\n"
         "print(sorted({'asyncio', 'socket', 'h11', 'trio', 'httpx'} & set(sys.modules)))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

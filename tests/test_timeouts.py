@@ -239,7 +239,7 @@ def test_serve_command_timeout_flags(backend: str) -> None:
 
 
 def test_serve_command_timeout_flags_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
-    from binproto.__main__ import build_parser
+    from binproto.cli import build_parser
 
     args = build_parser().parse_args(["serve"])
     assert (args.keep_alive_timeout, args.head_timeout) == (5.0, 10.0)

@@ -15,7 +15,6 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,17 +22,16 @@ from typing import IO, Any
 
 import numpy as np
 
-from ._bytes import BytesDecoder
-from ._datatypes import DATATYPES
-from ._errors import LocalProtocolError, ProtocolError
-from ._events import NEED_DATA, HeaderParsed, MessageComplete, TensorChunk, TensorComplete
-from ._header import InferenceHeader, TensorInfo
-from ._http import HEADER_LENGTH_NAME, header_value, parser_from_headers
-from ._parser import Parser
+from .._bytes import BytesDecoder
+from .._datatypes import DATATYPES
+from .._errors import LocalProtocolError, ProtocolError
+from .._events import NEED_DATA, HeaderParsed, MessageComplete, TensorChunk, TensorComplete
+from .._header import InferenceHeader, TensorInfo
+from .._http import HEADER_LENGTH_NAME, header_value, parser_from_headers
+from .._parser import Parser
 
 __all__ = [
     "TensorSummary",
-    "add_bench",
     "add_encode",
     "add_inspect",
     "inspect_body",
@@ -478,8 +476,8 @@ def _load(spec: str) -> tuple[str, np.ndarray[Any, Any]]:
 
 
 def _encode(args: argparse.Namespace) -> int:
-    from ._compression import compress_buffers
-    from ._encode import encode_request, encode_response
+    from .._compression import compress_buffers
+    from .._encode import encode_request, encode_response
 
     arrays = dict(_load(spec) for spec in args.tensors)
     json_names = {n for n in (args.json_inputs or "").split(",") if n}
@@ -546,42 +544,6 @@ def add_encode(subparsers: Any) -> None:
     p.add_argument("-o", "--output", metavar="BODY", help="file to write the body to (- stdout)")
     p.add_argument("--headers-out", metavar="FILE", help="file to write the HTTP headers to")
     p.set_defaults(func=_run(_encode))
-
-
-# -- bench ---------------------------------------------------------------------
-
-
-def checkout_root() -> Path:
-    """The directory above the ``binproto`` package (a source checkout's root)."""
-    return Path(__file__).resolve().parent.parent
-
-
-def _bench(args: argparse.Namespace) -> int:
-    root = checkout_root()
-    if not (root / "benchmarks" / "run.py").is_file():
-        print(
-            "binproto bench runs the benchmark suite of a binproto source checkout"
-            f" (benchmarks/run.py), and there is none in {root}. Clone the repository and"
-            ' install it with `pip install -e ".[all]"`, then run `binproto bench`.',
-            file=sys.stderr,
-        )
-        return 2
-    command = [sys.executable, "-m", "benchmarks.run", *args.args]
-    return subprocess.call(command, cwd=root)
-
-
-def add_bench(subparsers: Any) -> None:
-    """Register ``bench``: run ``python -m benchmarks.run`` with the given arguments."""
-    p = subparsers.add_parser(
-        "bench",
-        help="run the benchmark suite (arguments go to benchmarks.run)",
-        description="Run the benchmark suite of this checkout (python -m benchmarks.run);"
-        " every argument is passed on.",
-        add_help=False,
-        prefix_chars="\0",  # every argument, --help included, goes to benchmarks.run
-    )
-    p.add_argument("args", nargs=argparse.REMAINDER)
-    p.set_defaults(func=_bench)
 
 
 def _run(command: Any) -> Any:

@@ -386,7 +386,7 @@ def _serve_child(path: str, chunk: int) -> None:
 
 def _start_server(path: str, chunk: int) -> tuple[subprocess.Popen[bytes], int]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "binproto._demo", path, str(chunk)],
+        [sys.executable, "-m", "binproto.cli._demo", path, str(chunk)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )

@@ -1,0 +1,142 @@
+"""The ``binproto`` command line: ``binproto <command> ...`` or ``python -m binproto``.
+
+The only part of the package that does file, socket and process I/O or
+imports the adapters (each when its command runs). Commands are argparse
+subcommands; each registers itself with a function ``add_<name>(subparsers)``
+that sets ``func`` on its parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["build_parser", "main"]
+
+
+def _serve(args: argparse.Namespace) -> int:
+    def ready(port: int) -> None:
+        print(f"binproto: serving V2 on http://{args.host}:{port}", flush=True)
+
+    from binproto.adapters._server import Timeouts, V2Server
+
+    timeouts = Timeouts(
+        keep_alive=args.keep_alive_timeout or None,
+        head=args.head_timeout or None,
+        body=args.body_timeout or None,
+        write=args.write_timeout or None,
+    )
+    server = V2Server(compress_responses=not args.no_compress, timeouts=timeouts)
+
+    if args.backend == "trio":
+        try:
+            import trio
+
+            from binproto.adapters import trio as trio_adapter
+        except ImportError as exc:
+            print(f"binproto: the trio backend is not available: {exc}", file=sys.stderr)
+            return 2
+        try:
+            trio.run(
+                functools.partial(
+                    trio_adapter.serve,
+                    server,
+                    host=args.host,
+                    port=args.port,
+                    zero_copy=not args.streams,
+                    ready=ready,
+                )
+            )
+        except KeyboardInterrupt:
+            pass
+        return 0
+
+    import asyncio
+
+    from binproto.adapters.asyncio import serve
+
+    try:
+        asyncio.run(
+            serve(server, host=args.host, port=args.port, zero_copy=not args.streams, ready=ready)
+        )
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def add_serve(subparsers: Any) -> None:
+    """Register ``serve``: run the V2 reference server with the ``echo`` model."""
+    p = subparsers.add_parser(
+        "serve",
+        help="run a V2 inference server with the built-in echo model",
+        description="Run a V2 (KServe / Triton) HTTP server with the built-in 'echo' model:"
+        " each input comes back as the output of the same name.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks one)")
+    p.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+    p.add_argument(
+        "--streams",
+        action="store_true",
+        help="read through plain streams instead of receiving tensors in place",
+    )
+    p.add_argument(
+        "--no-compress",
+        action="store_true",
+        help="never compress responses, whatever the client's Accept-Encoding",
+    )
+    # The server's timeouts (see binproto.adapters._server.Timeouts); 0: no bound.
+    for flag, default, what in (
+        ("--keep-alive-timeout", 5.0, "idle time allowed between requests (then close)"),
+        ("--head-timeout", 10.0, "deadline for a whole request head (then 408)"),
+        ("--body-timeout", 30.0, "longest wait for more of a request body (then 408)"),
+        ("--write-timeout", 30.0, "longest wait for a client to take response bytes (then close)"),
+    ):
+        p.add_argument(
+            flag,
+            type=_seconds,
+            default=default,
+            metavar="SECONDS",
+            help=f"{what}; default {default:g}, 0 for no bound",
+        )
+    p.set_defaults(func=_serve)
+
+
+def _seconds(text: str) -> float:
+    """A timeout flag's value: seconds, at least 0 (0: no bound)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"seconds must be 0 or more, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand registered."""
+    parser = argparse.ArgumentParser(
+        prog="binproto",
+        description="Inspect, encode and serve Open Inference Protocol (KServe V2 / Triton)"
+        " bodies with binary tensor data.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="command")
+    subparsers.required = True
+    add_serve(subparsers)
+    from ._commands import add_encode, add_inspect
+    from ._demo import add_demo
+
+    add_demo(subparsers)
+    add_inspect(subparsers)
+    add_encode(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``binproto`` console script."""
+    args = build_parser().parse_args(argv)
+    result: int = args.func(args)
+    return result
