@@ -12,7 +12,12 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any, NoReturn
 
-import h11
+try:
+    import h11
+except ModuleNotFoundError as exc:  # an optional dependency: say which extra brings it
+    from binproto.adapters import missing_extra
+
+    raise missing_extra(exc, "h11") from None
 import numpy as np
 
 import binproto

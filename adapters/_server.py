@@ -33,7 +33,12 @@ from collections.abc import (
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import h11
+try:
+    import h11
+except ModuleNotFoundError as exc:  # an optional dependency: say which extra brings it
+    from binproto.adapters import missing_extra
+
+    raise missing_extra(exc, "h11") from None
 import numpy as np
 
 import binproto

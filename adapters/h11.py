@@ -32,7 +32,12 @@ import socket
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-import h11
+try:
+    import h11
+except ModuleNotFoundError as exc:  # an optional dependency: say which extra brings it
+    from binproto.adapters import missing_extra
+
+    raise missing_extra(exc, "h11") from None
 
 import binproto
 from binproto import Event, Limits, Parser, ParserState, ProtocolError, RemoteProtocolError

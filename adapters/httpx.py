@@ -31,7 +31,12 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import quote
 
-import httpx
+try:
+    import httpx
+except ModuleNotFoundError as exc:  # an optional dependency: say which extra brings it
+    from binproto.adapters import missing_extra
+
+    raise missing_extra(exc, "httpx") from None
 
 import binproto
 from binproto import (

@@ -39,7 +39,12 @@ import math
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-import trio
+try:
+    import trio
+except ModuleNotFoundError as exc:  # an optional dependency: say which extra brings it
+    from binproto.adapters import missing_extra
+
+    raise missing_extra(exc, "trio") from None
 
 from binproto import Limits
 from binproto._parser import as_byte_view

@@ -190,10 +190,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
     server = uvicorn.Server(config)
-    if args.fd is None:
-        server.run()
-    else:
-        server.run(sockets=[socket.socket(fileno=args.fd)])
+    sockets = None if args.fd is None else [socket.socket(fileno=args.fd)]
+    try:
+        server.run(sockets=sockets)
+    except KeyboardInterrupt:  # uvicorn shuts down on Ctrl-C, then raises it again
+        pass
 
 
 if __name__ == "__main__":

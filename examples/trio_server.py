@@ -89,8 +89,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     serve = functools.partial(binproto_trio.serve, make_server(), args.host, args.port, ready=ready)
     try:
         trio.run(serve)
-    except KeyboardInterrupt:
-        pass
+    except BaseException as exc:
+        # Ctrl-C: trio may hand the KeyboardInterrupt on inside an exception group.
+        if not interrupted(exc):
+            raise
+
+
+def interrupted(exc: BaseException) -> bool:
+    """True for a KeyboardInterrupt, or an exception group holding only those."""
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    inner: Sequence[BaseException] = getattr(exc, "exceptions", ())
+    return bool(inner) and all(interrupted(e) for e in inner)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -32,13 +33,10 @@ def _serve(args: argparse.Namespace) -> int:
     server = V2Server(compress_responses=not args.no_compress, timeouts=timeouts)
 
     if args.backend == "trio":
-        try:
-            import trio
+        from binproto.adapters import trio as trio_adapter  # (says which extra is missing)
 
-            from binproto.adapters import trio as trio_adapter
-        except ImportError as exc:
-            print(f"binproto: the trio backend is not available: {exc}", file=sys.stderr)
-            return 2
+        import trio
+
         try:
             trio.run(
                 functools.partial(
@@ -50,8 +48,10 @@ def _serve(args: argparse.Namespace) -> int:
                     ready=ready,
                 )
             )
-        except KeyboardInterrupt:
-            pass
+        except BaseException as exc:
+            # trio hands Ctrl-C on inside an exception group: stop quietly all the same.
+            if not interrupted(exc):
+                raise
         return 0
 
     import asyncio
@@ -135,8 +135,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def interrupted(exc: BaseException) -> bool:
+    """True for a KeyboardInterrupt, or an exception group (trio's) holding only those."""
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    inner: Sequence[BaseException] = getattr(exc, "exceptions", ())
+    return bool(inner) and all(interrupted(e) for e in inner)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``binproto`` console script."""
+    """Entry point of the ``binproto`` console script.
+
+    A missing optional dependency is one line naming the extra to install
+    (exit status 2); a reader that goes away (``binproto inspect BODY | head``)
+    ends the command quietly.
+    """
     args = build_parser().parse_args(argv)
-    result: int = args.func(args)
+    try:
+        result: int = args.func(args)
+        sys.stdout.flush()
+    except ModuleNotFoundError as exc:
+        if "binproto[" not in str(exc):
+            raise
+        print(f"binproto {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # Nobody reads our output any more: point stdout at nothing so that the
+        # interpreter's last flush does not complain, and stop.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     return result

@@ -436,7 +436,12 @@ def add_inspect(subparsers: Any) -> None:
         help=f"file of HTTP headers ('Name: value' lines) giving {HEADER_LENGTH_NAME},"
         " Content-Encoding and Content-Length",
     )
-    p.add_argument("--kind", choices=("request", "response"), default="request")
+    p.add_argument(
+        "--kind",
+        choices=("request", "response"),
+        default="request",
+        help="whether the body is an inference request or a response (default request)",
+    )
     p.add_argument(
         "--encoding", metavar="CODING", help="Content-Encoding of the body (gzip, deflate)"
     )
@@ -532,7 +537,12 @@ def add_encode(subparsers: Any) -> None:
         help="a tensor: name=file.npy, or name=file.npz:key (the key may be left out"
         " when the file holds one array)",
     )
-    p.add_argument("--kind", choices=("request", "response"), default="request")
+    p.add_argument(
+        "--kind",
+        choices=("request", "response"),
+        default="request",
+        help="build an inference request or a response (default request)",
+    )
     p.add_argument(
         "--json-inputs",
         metavar="NAMES",

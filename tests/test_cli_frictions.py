@@ -1,0 +1,148 @@
+"""The command line and examples as a new user meets them: Ctrl-C, a core-only
+install, a closed pipe, help texts. Each runs the command in a subprocess and
+checks its exit status and that no traceback is printed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import binproto
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def _interrupted_after_start(argv: list[str], ready: bytes) -> subprocess.CompletedProcess[bytes]:
+    """Start ``argv``, wait until its output holds ``ready``, press Ctrl-C."""
+    proc = subprocess.Popen(argv, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    seen = b""
+    deadline = time.monotonic() + 60
+    while ready not in seen:
+        line = proc.stdout.readline()
+        if not line or time.monotonic() > deadline:
+            proc.kill()
+            out, err = proc.communicate()
+            pytest.fail(f"did not start: {seen + out!r} {err!r}")
+        seen += line
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    return subprocess.CompletedProcess(argv, proc.returncode, seen + out, err)
+
+
+@pytest.mark.parametrize(
+    ("argv", "ready"),
+    [
+        ([sys.executable, "-m", "binproto", "serve", "--port", "0"], b"serving"),
+        (
+            [sys.executable, "-m", "binproto", "serve", "--backend", "trio", "--port", "0"],
+            b"serving",
+        ),
+        ([sys.executable, "examples/trio_server.py", "--port", "0"], b"serving"),
+    ],
+    ids=["serve-asyncio", "serve-trio", "trio-example"],
+)
+def test_ctrl_c_stops_a_server_quietly(argv: list[str], ready: bytes) -> None:
+    result = _interrupted_after_start(argv, ready)
+    assert result.returncode == 0, result.stderr
+    assert b"Traceback" not in result.stderr and b"KeyboardInterrupt" not in result.stderr
+
+
+def test_ctrl_c_stops_the_fastapi_example_quietly() -> None:
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    argv = [sys.executable, "examples/fastapi_server.py", "--fd", str(sock.fileno())]
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, env=ENV, pass_fds=[sock.fileno()], stderr=subprocess.PIPE
+    )
+    port = sock.getsockname()[1]
+    sock.close()
+    import httpx
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready").status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert b"Traceback" not in err
+
+
+# A core-only install: the adapters' libraries are absent (None in sys.modules
+# makes their import fail as a missing module does).
+_WITHOUT = "import sys\nfor m in ('h11', 'trio', 'httpx'): sys.modules[m] = None\n"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["serve", "--port", "0"], ["serve", "--backend", "trio", "--port", "0"], ["demo"]],
+    ids=["serve", "serve-trio", "demo"],
+)
+def test_a_command_without_its_extra_names_it(argv: list[str]) -> None:
+    code = _WITHOUT + "from binproto.cli import main\nsys.exit(main(sys.argv[1:]))"
+    result = subprocess.run(
+        [sys.executable, "-c", code, *argv], env=ENV, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert 'pip install "binproto[h11]"' in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("module", "extra"),
+    [("asyncio", "h11"), ("h11", "h11"), ("trio", "trio"), ("httpx", "httpx")],
+)
+def test_an_adapter_without_its_extra_names_it(module: str, extra: str) -> None:
+    code = _WITHOUT + f"import binproto.adapters.{module}"
+    result = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True)
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("ModuleNotFoundError: No module named")
+    assert f'pip install "binproto[{extra}]"' in last
+
+
+def test_inspect_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
+    inputs = {f"t{i}": np.arange(i + 3, dtype=np.float32) for i in range(200)}
+    body = binproto.encode_request(inputs)
+    path = tmp_path / "body.bin"
+    path.write_bytes(b"".join(bytes(b) for b in body.buffers))
+    command = (
+        f"{sys.executable} -m binproto inspect {path}"
+        f" --header-length {body.header_length} | head -1"
+    )
+    result = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", command], env=ENV, capture_output=True, text=True
+    )
+    assert result.stdout.count("\n") == 1
+    assert result.stderr == ""
+    assert result.returncode == 0
+
+
+def test_every_option_of_encode_and_inspect_has_help() -> None:
+    for command in ("encode", "inspect"):
+        result = subprocess.run(
+            [sys.executable, "-m", "binproto", command, "--help"],
+            env=ENV,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert "whether the body" in result.stdout or "request or a response" in result.stdout
