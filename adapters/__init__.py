@@ -15,4 +15,3 @@ def missing_extra(exc: ModuleNotFoundError, extra: str) -> ModuleNotFoundError:
         f' (pip install "binproto[{extra}]")',
         name=exc.name,
     )
-

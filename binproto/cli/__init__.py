@@ -33,9 +33,14 @@ def _serve(args: argparse.Namespace) -> int:
     server = V2Server(compress_responses=not args.no_compress, timeouts=timeouts)
 
     if args.backend == "trio":
-        from binproto.adapters import trio as trio_adapter  # (says which extra is missing)
+        from binproto.adapters import missing_extra
 
-        import trio
+        try:
+            import trio
+        except ModuleNotFoundError as exc:
+            raise missing_extra(exc, "trio") from None
+
+        from binproto.adapters import trio as trio_adapter
 
         try:
             trio.run(
