@@ -44,7 +44,12 @@ from .h11 import (
     send_compressed,
 )
 
-__all__ = ["COMPRESSION_LEVEL", "ClientCore", "HTTPError", "ResponseStream"]
+__all__ = ["CLIENT_TIMEOUT", "COMPRESSION_LEVEL", "ClientCore", "HTTPError", "ResponseStream"]
+
+#: The clients' default bound, in seconds, on each wait for the server (for its
+#: bytes, or for it to take ours): generous for a slow model, but a server that
+#: falls silent does not hang its client forever. None: no bound.
+CLIENT_TIMEOUT = 300.0
 
 #: Largest error body the client reads.
 MAX_ERROR_BODY = 1 << 20

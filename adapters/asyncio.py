@@ -46,7 +46,7 @@ from typing import Any, TypeVar
 
 from binproto import Limits
 
-from ._client import ClientCore, ResponseStream
+from ._client import CLIENT_TIMEOUT, ClientCore, ResponseStream
 
 # The server's model API, the same for every backend.
 from ._server import (
@@ -555,7 +555,8 @@ class Client(ClientCore):
 
     ``zero_copy`` receives response tensors straight into their arrays;
     ``timeout`` bounds each wait for the server, for its bytes or for it to
-    take ours; ``limits`` applies to
+    take ours (default :data:`CLIENT_TIMEOUT`, 300 s; None: no bound);
+    ``limits`` applies to
     response bodies. ``accept_encoding`` (e.g. ``"gzip, deflate"``) is sent as
     ``Accept-Encoding``: compressed responses are decompressed as they are
     read, within ``limits``; ``request_encoding``
@@ -569,7 +570,7 @@ class Client(ClientCore):
         port: int = 8000,
         *,
         zero_copy: bool = True,
-        timeout: float | None = None,
+        timeout: float | None = CLIENT_TIMEOUT,
         limits: Limits | None = None,
         accept_encoding: str | None = None,
         request_encoding: str | None = None,

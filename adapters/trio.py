@@ -49,7 +49,7 @@ except ModuleNotFoundError as exc:  # an optional dependency: say which extra br
 from binproto import Limits
 from binproto._parser import as_byte_view
 
-from ._client import ClientCore, ResponseStream
+from ._client import CLIENT_TIMEOUT, ClientCore, ResponseStream
 
 # The server's model API, the same for every backend.
 from ._server import (
@@ -241,7 +241,8 @@ class Client(ClientCore):
                     ...
 
     ``zero_copy`` receives response tensors straight into their arrays;
-    ``timeout`` bounds each wait for the server's bytes; ``limits`` applies to
+    ``timeout`` bounds each wait for the server's bytes (default
+    :data:`CLIENT_TIMEOUT`, 300 s; None: no bound); ``limits`` applies to
     response bodies. ``accept_encoding`` (e.g. ``"gzip, deflate"``) is sent as
     ``Accept-Encoding``: compressed responses are decompressed as they are
     read, within ``limits``; ``request_encoding``
@@ -256,7 +257,7 @@ class Client(ClientCore):
         port: int = 8000,
         *,
         zero_copy: bool = True,
-        timeout: float | None = None,
+        timeout: float | None = CLIENT_TIMEOUT,
         limits: Limits | None = None,
         accept_encoding: str | None = None,
         request_encoding: str | None = None,

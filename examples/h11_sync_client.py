@@ -66,7 +66,7 @@ def infer(
     """Send one inference request and parse the response as it arrives."""
     body = binproto.encode_request(inputs, binary_data_output=binary_data_output)
     head = request_for(f"/v2/models/{model}/infer", body, host=f"{host}:{port}")
-    with socket.create_connection((host, port)) as sock:
+    with socket.create_connection((host, port), timeout=300) as sock:  # a silent server
         conn = h11.Connection(h11.CLIENT)
         for piece in send_message(conn, head, body):
             sock.sendall(piece)  # a view of at most 1 MiB of the caller's array

@@ -146,3 +146,15 @@ def test_every_option_of_encode_and_inspect_has_help() -> None:
             check=True,
         )
         assert "whether the body" in result.stdout or "request or a response" in result.stdout
+
+
+def test_clients_wait_300_seconds_at_most_by_default() -> None:
+    import inspect
+
+    from binproto.adapters import asyncio as aio
+    from binproto.adapters import trio as trio_adapter
+    from binproto.adapters._client import CLIENT_TIMEOUT
+
+    assert CLIENT_TIMEOUT == 300
+    for client in (aio.Client, trio_adapter.Client):
+        assert inspect.signature(client).parameters["timeout"].default == CLIENT_TIMEOUT
