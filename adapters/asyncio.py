@@ -113,7 +113,15 @@ async def _within(awaitable: Awaitable[_T], timeout: float | None, waiting: str 
     """``awaitable``'s result, or the built-in TimeoutError after ``timeout``
     seconds (asyncio's own, a different class before Python 3.11, is what the
     servers would otherwise not recognise). ``waiting`` says for what."""
+    if timeout is None:
+        return await awaitable
+    # asyncio.timeout (Python 3.11+) is a timer handle on the waiting task;
+    # wait_for would make a task per wait (memory held by every idle connection).
+    timer = getattr(asyncio, "timeout", None)
     try:
+        if timer is not None:
+            async with timer(timeout):
+                return await awaitable
         return await asyncio.wait_for(awaitable, timeout)
     except asyncio.TimeoutError:
         raise TimeoutError(f"no {waiting} from the peer within {timeout} s") from None

@@ -122,8 +122,12 @@ def header_length_from(headers: Headers, *, content_length: int | None = None) -
     value = int(text)
     if value < 0 or (content_length is not None and value > content_length):
         bound = "Content-Length" if content_length is None else str(content_length)
+        past = ""
+        if content_length is not None and value > content_length:
+            past = f" (a header longer than the {content_length}-byte body, which ends there)"
         raise RemoteProtocolError(
-            f"inference header size should be in range (0, {bound}), got: {text}"
+            f"inference header size should be in range (0, {bound}), got: {text}{past}",
+            offset=content_length if past else 0,
         )
     return value
 

@@ -141,6 +141,24 @@ def _check_surrogates(raw: bytes, kind: str) -> None:
             )
 
 
+_CHECK = "check Inference-Header-Content-Length"
+
+
+def _length_hint(size: int, offset: int, *, extra: bool = False, binary: bool = False) -> str:
+    """What most likely went wrong when a JSON header of ``size`` bytes fails to
+    parse at ``offset``: the header length that cut it (or Content-Encoding)."""
+    if extra:
+        return f"; the JSON ends at byte {offset} but the header is {size} bytes: {_CHECK}"
+    if binary:
+        return (
+            f"; binary data in the first {size} bytes taken as the JSON header: {_CHECK}"
+            " (and Content-Encoding, if the body is compressed)"
+        )
+    if offset >= size - 1:
+        return f"; the JSON header was cut off at byte {size}: {_CHECK}"
+    return ""
+
+
 def loads_header(raw: bytes, *, max_depth: int, kind: str = "request") -> Any:
     """Decode the JSON header ``raw`` (exactly the header's bytes).
 
@@ -162,7 +180,8 @@ def loads_header(raw: bytes, *, max_depth: int, kind: str = "request") -> Any:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise RemoteProtocolError(
-            f"failed to parse the {kind} JSON buffer: invalid UTF-8 ({exc.reason})",
+            f"failed to parse the {kind} JSON buffer: invalid UTF-8 ({exc.reason})"
+            + _length_hint(len(raw), exc.start, binary=True),
             offset=exc.start,
         ) from None
     try:
@@ -181,7 +200,9 @@ def loads_header(raw: bytes, *, max_depth: int, kind: str = "request") -> Any:
     except json.JSONDecodeError as exc:
         offset = len(text[: exc.pos].encode("utf-8"))
         raise RemoteProtocolError(
-            f"failed to parse the {kind} JSON buffer: {exc.msg}", offset=offset
+            f"failed to parse the {kind} JSON buffer: {exc.msg}"
+            + _length_hint(len(raw), offset, extra=exc.msg == "Extra data"),
+            offset=offset,
         ) from None
     except ValueError as exc:  # e.g. an integer literal over Python's digit limit
         raise RemoteProtocolError(

@@ -477,7 +477,9 @@ class Parser:
         cl = self._decoded_length
         if hl is not None and cl is not None and hl > cl:
             raise RemoteProtocolError(
-                f"inference header size should be in range (0, {cl}), got: {hl}", offset=0
+                f"inference header size should be in range (0, {cl}), got: {hl}"
+                f" (a header longer than the {cl}-byte body, which ends there)",
+                offset=cl,
             )
         target = self._header_target
         if target is not None and target > limits.max_header_bytes:

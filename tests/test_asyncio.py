@@ -1286,6 +1286,7 @@ def test_timeouts_surface_as_the_builtin_timeout_error(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(asyncio, "TimeoutError", OldTimeoutError)
     monkeypatch.setattr(asyncio, "wait_for", times_out)
+    monkeypatch.delattr(asyncio, "timeout", raising=False)  # new in 3.11
 
     async def old() -> None:
         with pytest.raises(TimeoutError) as info:

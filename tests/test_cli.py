@@ -237,6 +237,7 @@ def test_gzip_body_via_headers_and_via_flag(
     assert code == 1
     assert wrong["error"]["message"] == (
         f"inference header size should be in range (0, {len(compressed)}), got: {length}"
+        f" (a header longer than the {len(compressed)}-byte body, which ends there)"
     )
 
 

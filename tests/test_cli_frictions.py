@@ -158,3 +158,46 @@ def test_clients_wait_300_seconds_at_most_by_default() -> None:
     assert CLIENT_TIMEOUT == 300
     for client in (aio.Client, trio_adapter.Client):
         assert inspect.signature(client).parameters["timeout"].default == CLIENT_TIMEOUT
+
+
+@pytest.mark.parametrize(
+    ("delta", "says"),
+    [
+        (-1, "the JSON header was cut off at byte"),
+        (+1, "the JSON ends at byte"),
+        (None, "binary data in the first"),
+    ],
+    ids=["one short", "one long", "no header length"],
+)
+def test_a_header_length_mistake_is_pointed_at(delta: int | None, says: str) -> None:
+    body = binproto.encode_request({"x": np.arange(4, dtype=np.float32)})
+    data = b"".join(bytes(b) for b in body.buffers)
+    assert body.header_length is not None
+    length = None if delta is None else body.header_length + delta
+    with pytest.raises(binproto.RemoteProtocolError) as exc:
+        binproto.decode_request(data, header_length=length)
+    assert says in str(exc.value)
+    assert "check Inference-Header-Content-Length" in str(exc.value)
+
+
+def test_a_header_longer_than_the_body_says_where_the_body_ends() -> None:
+    body = binproto.encode_request({"x": np.arange(4, dtype=np.float32)})
+    data = b"".join(bytes(b) for b in body.buffers)
+    with pytest.raises(binproto.RemoteProtocolError) as exc:
+        binproto.decode_request(data, header_length=len(data) + 10)
+    assert f"longer than the {len(data)}-byte body" in str(exc.value)
+    assert exc.value.offset == len(data)
+
+
+def test_inspect_without_the_header_length_points_at_it(tmp_path: Path) -> None:
+    body = binproto.encode_request({"x": np.arange(4, dtype=np.float32)})
+    path = tmp_path / "body.bin"
+    path.write_bytes(b"".join(bytes(b) for b in body.buffers))
+    result = subprocess.run(
+        [sys.executable, "-m", "binproto", "inspect", str(path)],
+        env=ENV,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "Inference-Header-Content-Length" in result.stdout + result.stderr

@@ -436,7 +436,7 @@ FAULTS = {
     "header longer than body": (
         _fault(_one(), b"\0" * 8, hl=10_000), "expecting", 400, None),
     "header length over content length": (
-        _fault(_one(), b"\0" * 8, hl=10_000, cl="body"), "inference header size", 400, 0),
+        _fault(_one(), b"\0" * 8, hl=10_000, cl="body"), "inference header size", 400, "end"),
     "binary without header length": (
         _fault(_one(), hl=None), "must specify valid 'Inference-Header-Content-Length'", 400, None),
     "json count differs from shape": (

@@ -187,7 +187,7 @@ def _short(wire: bytes, header_length: int | None) -> None:
 
 # (fault, the message as the errors table shows it; "..." ends a prefix)
 ERRORS_TABLE = [
-    ("range", "inference header size should be in range (0, 10), got: 99"),
+    ("range", "inference header size should be in range (0, 10), got: 99 ..."),
     ("absurd", "Inference-Header-Content-Length is absurdly large, got: ..."),
     ("shape", "Unable to parse 'shape' of input 'a': expected a list of non-negative integers"),
     ("datatype", "invalid datatype 'FP8' for input 'a'"),
