@@ -932,8 +932,16 @@ class V2Server:
         try:
             result = await model.handler(request)
         except Exception:
-            if not body.complete and body.parser.state is not binproto.ParserState.ERROR:
-                # A fault in the body comes first, whatever the handler said.
+            remaining = reader.remaining
+            if (
+                not body.complete
+                and body.parser.state is not binproto.ParserState.ERROR
+                and remaining is not None
+                and remaining <= DISCARD_LIMIT
+            ):
+                # A fault in the body comes first, whatever the handler said;
+                # but a body too big to read for it (a claim the server could
+                # not allocate, say) is refused with the handler's answer now.
                 await body.drain()
             raise
         await body.drain()

@@ -9,9 +9,11 @@ import asyncio
 import functools
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 
 import binproto
@@ -161,3 +163,34 @@ def test_a_head_over_64_kib_is_refused(short: Running) -> None:
         sock.sendall(head_of(64 * 1024 + 1))  # read whole, so answered, not reset
         received = read_all(sock)
     assert received.startswith(b"HTTP/1.1 431 "), received[:100]
+
+
+# -- claims ----------------------------------------------------------------------------------
+
+
+def test_a_tensor_claim_bigger_than_memory_is_refused_at_once(backend: str) -> None:
+    # Within the limits (32 GiB a tensor) but more than this machine's memory:
+    # 413 as soon as the allocation fails, and the claimed body is not read.
+    size = 30 << 30
+    header = binproto.encode_request({"x": np.zeros(1, dtype=np.uint8)}).buffers[0]
+    header = bytes(header).replace(b'"shape":[1]', f'"shape":[{size}]'.encode())
+    header = header.replace(b'"binary_data_size":1', f'"binary_data_size":{size}'.encode())
+    head = (
+        "POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n"
+        f"Inference-Header-Content-Length: {len(header)}\r\n"
+        f"Content-Length: {len(header) + size}\r\n\r\n"
+    ).encode()
+    patient = Timeouts(keep_alive=10, head=10, body=10, write=10)
+    for running in serving(backend, V2Server(timeouts=patient)):
+        with connect(running.port) as sock:
+            # Zero-copy servers allocate the tensor before its first byte is
+            # read; through streams, on the first bytes: send some, then wait
+            # (as a client may) for an early answer.
+            first = b"\0" * 1024 if backend == "asyncio-streams" else b""
+            sock.sendall(head + header + first)
+            start = time.monotonic()
+            received = read_all(sock)
+            elapsed = time.monotonic() - start
+    assert received.startswith(b"HTTP/1.1 413 "), received[:200]
+    assert elapsed < 5  # not after waiting for body bytes
+    assert b"Connection: close" in received
