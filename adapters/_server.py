@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+import traceback
 import urllib.parse
 from collections.abc import (
     AsyncIterable,
@@ -104,6 +105,9 @@ MAX_HEAD = 64 * 1024
 DISCARD_LIMIT = 256 * 1024 * 1024
 #: Decompressed tensor bytes handed out between two chances for other tasks to run.
 YIELD_BYTES = 1 << 20
+#: JSON headers at least this long are parsed in a worker thread when the
+#: stream offers ``to_thread``, so the event loop goes on serving meanwhile.
+THREAD_HEADER = 1 << 20
 #: Buffers smaller than this are joined with their neighbours before a write.
 GATHER_BELOW = 1 << 16
 
@@ -219,6 +223,28 @@ class Timeouts:
         return cls(seconds, seconds, seconds, seconds)
 
 
+def _release(*faults: BaseException | None) -> None:
+    """Drop the frames each fault, and every exception chained to it, holds.
+
+    A failed request's arrays live in the locals of those frames, and a fault
+    kept where its own frames reach it (the body reader's or the parser's
+    stored error) makes a reference cycle: without this the arrays would
+    stay until the garbage collector runs, not go as the request ends. The
+    finished frames are cleared too, for a traceback kept elsewhere (a log
+    record holds its ``exc_info``).
+    """
+    seen: set[int] = set()
+    stack = list(faults)
+    while stack:
+        exc = stack.pop()
+        if exc is None or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)  # skips frames still running
+        exc.__traceback__ = None
+        stack += (exc.__cause__, exc.__context__)
+
+
 def _closing(head: h11.Response) -> h11.Response:
     """``head`` saying the connection closes after this response."""
     return h11.Response(
@@ -265,6 +291,8 @@ class BodyReader:
         self._stream = stream
         #: The stream's ``checkpoint`` (see :class:`ByteStream`), or None.
         self.checkpoint: Callable[[], Awaitable[None]] | None = getattr(stream, "checkpoint", None)
+        #: The stream's ``to_thread`` (see :class:`ByteStream`), or None.
+        self.to_thread: Callable[..., Awaitable[Any]] | None = getattr(stream, "to_thread", None)
         self._conn = conn
         self._remaining = content_length
         self._receive_into = getattr(stream, "receive_into", None) if receive_in_place else None
@@ -403,6 +431,20 @@ class MessageBody:
         self._tensor_events = False  # next_event() has returned tensor events
         #: The assembler :meth:`tensors` used (its counters tell what was copied).
         self.assembler: TensorAssembler | None = None
+        # The length of a JSON header big enough to parse off the event loop.
+        length = parser.header_length if parser.header_length is not None else parser.content_length
+        big = reader.to_thread is not None and not compressed and (length or 0) >= THREAD_HEADER
+        self._big_header = length if big else None
+
+    def _parse_next(self) -> Event | Awaitable[Event]:
+        """``parser.next_event()``; or, when that call will parse a big JSON
+        header (all its bytes are in), an awaitable of it run in a worker thread."""
+        big = self._big_header
+        if big is not None and self._fed >= big:
+            self._big_header = None
+            assert self._reader.to_thread is not None
+            return self._reader.to_thread(self.parser.next_event)
+        return self.parser.next_event()
 
     @property
     def complete(self) -> bool:
@@ -843,8 +885,10 @@ class V2Server:
                 ]
                 pieces.append(framer.send(h11.EndOfMessage()))
         except (ProtocolError, InferenceError) as exc:
+            _release(exc, reader.failed)
             return await self._error(stream, framer, exc, reader, timeouts)
-        except TimeoutError:
+        except TimeoutError as exc:
+            _release(exc, reader.failed)
             if framer.our_state is not h11.SEND_RESPONSE:
                 return False  # the peer stopped taking the response: close
             # The body stalled: answer without waiting for it any more.
@@ -857,9 +901,11 @@ class V2Server:
             # The peer went away (reset mid-body, or closed while the response
             # was going out): nobody to answer, and not a fault of the server.
             log.info("connection lost while serving %s: %r", target, exc)
+            _release(exc, reader.failed)
             return False
         except Exception as exc:  # a handler failed: the server's fault
             log.exception("error while serving %s", target)
+            _release(exc, reader.failed)
             return await self._error(
                 stream, framer, InferenceError(f"internal error: {exc}", 500), reader, timeouts
             )
