@@ -56,6 +56,7 @@ from binproto import (
 )
 from binproto._assemble import Destinations
 from binproto._compression import ENCODINGS, compress_buffers, normalize_encoding
+from binproto._http import error_text
 from binproto._parser import as_byte_view
 
 if TYPE_CHECKING:
@@ -478,7 +479,7 @@ def error_response(error: BaseException | str, status: int | None = None) -> Buf
         code = status if status is not None else error.status_hint
     else:
         code = status if status is not None else 400
-    payload = json.dumps({"error": str(error)}).encode()
+    payload = json.dumps({"error": error_text(error)}).encode()
     headers = [("content-type", "application/json"), ("content-length", str(len(payload)))]
     if code == 415:
         # Tell the client which content codings it may use instead (RFC 7694).

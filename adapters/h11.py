@@ -42,7 +42,7 @@ except ModuleNotFoundError as exc:  # an optional dependency: say which extra br
 import binproto
 from binproto import Event, Limits, Parser, ParserState, ProtocolError, RemoteProtocolError
 from binproto._header import Kind
-from binproto._http import HeaderFields, content_length_from
+from binproto._http import HeaderFields, content_length_from, error_text
 from binproto._parser import as_byte_view
 
 if TYPE_CHECKING:
@@ -421,14 +421,14 @@ def error_response(
     """A V2 error response: the head and the ``{"error": "..."}`` body.
 
     The status is ``status``, else the error's ``status_hint``, else 400.
+    The message quotes at most 1 KiB of what the peer sent (see
+    :func:`binproto._http.error_text`).
     """
     if isinstance(error, ProtocolError):
-        message = str(error)
         code = status if status is not None else error.status_hint
     else:
-        message = error
         code = status if status is not None else 400
-    payload = json.dumps({"error": message}).encode()
+    payload = json.dumps({"error": error_text(error)}).encode()
     head = h11.Response(
         status_code=code,
         headers=[("Content-Type", "application/json"), ("Content-Length", str(len(payload)))],

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Iterable, Mapping
 
 from ._compression import normalize_encoding, unsupported_encoding
-from ._errors import RemoteProtocolError
+from ._errors import ProtocolError, RemoteProtocolError
 from ._header import Kind
 from ._limits import Limits
 from ._parser import Parser
@@ -15,10 +16,12 @@ from ._raw import TensorSpec
 __all__ = [
     "CONTENT_ENCODING_NAME",
     "HEADER_LENGTH_NAME",
+    "MAX_ERROR_TEXT",
     "HeaderFields",
     "Headers",
     "content_encoding_from",
     "content_length_from",
+    "error_text",
     "header_length_from",
     "header_value",
     "message_headers",
@@ -263,3 +266,39 @@ def preferred_encoding(accept_encoding: str | None) -> str | None:
     if gzip > 0 and gzip >= deflate:
         return "gzip"
     return "deflate" if deflate > 0 else None
+
+
+#: Most characters of an error message an error response carries (beside the
+#: byte offset): a message quoting the peer's bytes quotes at most this much.
+MAX_ERROR_TEXT = 1024
+
+# A Python repr of bytes (h11 quotes what it refuses so): b'...' or
+# bytearray(b'...'), in either quotes.
+_BYTES_REPR = re.compile(r"""(bytearray\()?b('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")(?(1)\))""")
+
+
+def _as_text(match: re.Match[str]) -> str:
+    try:
+        data = ast.literal_eval("b" + match.group(2))
+    except (SyntaxError, ValueError):  # pragma: no cover - the pattern matches literals only
+        return match.group(0)
+    return repr(bytes(data).decode("utf-8", "backslashreplace")[: MAX_ERROR_TEXT + 1])
+
+
+def error_text(error: BaseException | str) -> str:
+    """The message of an error response for ``error``.
+
+    Bytes the peer sent appear as text, never as Python reprs of bytes
+    objects, and the message is cut at :data:`MAX_ERROR_TEXT` characters, so
+    an answer never echoes more than that of the peer's bytes. A
+    :class:`ProtocolError`'s byte offset is kept.
+    """
+    offset = None
+    if isinstance(error, ProtocolError):
+        text, offset = error.msg, error.offset
+    else:
+        text = str(error)
+    text = _BYTES_REPR.sub(_as_text, text)
+    if len(text) > MAX_ERROR_TEXT:
+        text = f"{text[:MAX_ERROR_TEXT]}... (cut at {MAX_ERROR_TEXT} characters)"
+    return text if offset is None else f"{text} (at byte {offset})"
