@@ -18,6 +18,7 @@ received straight into the tensor's destination array (see
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import traceback
@@ -54,6 +55,7 @@ from binproto import (
     Limits,
     LocalProtocolError,
     MessageComplete,
+    NeedData,
     Parser,
     ProtocolError,
     RemoteProtocolError,
@@ -435,16 +437,19 @@ class MessageBody:
         length = parser.header_length if parser.header_length is not None else parser.content_length
         big = reader.to_thread is not None and not compressed and (length or 0) >= THREAD_HEADER
         self._big_header = length if big else None
+        #: True when the JSON header was parsed in a worker thread (it was big).
+        self.header_in_thread = False
 
-    def _parse_next(self) -> Event | Awaitable[Event]:
-        """``parser.next_event()``; or, when that call will parse a big JSON
-        header (all its bytes are in), an awaitable of it run in a worker thread."""
-        big = self._big_header
-        if big is not None and self._fed >= big:
-            self._big_header = None
-            assert self._reader.to_thread is not None
-            return self._reader.to_thread(self.parser.next_event)
-        return self.parser.next_event()
+    async def _next_in_thread(self) -> Event | NeedData:
+        """``parser.next_event()`` in a worker thread: the call that parses a
+        big JSON header, whose bytes are all in (nothing else touches the
+        parser meanwhile)."""
+        self._big_header = None
+        self.header_in_thread = True
+        to_thread = self._reader.to_thread
+        assert to_thread is not None
+        event: Event | NeedData = await to_thread(self.parser.next_event)
+        return event
 
     @property
     def complete(self) -> bool:
@@ -455,7 +460,11 @@ class MessageBody:
         """The next parser event; reads the stream only when the parser needs bytes."""
         parser = self.parser
         while True:
-            event = parser.next_event()
+            big = self._big_header
+            if big is not None and self._fed >= big:
+                event = await self._next_in_thread()
+            else:
+                event = parser.next_event()
             if event is not NEED_DATA:
                 if type(event) is HeaderParsed:
                     self.header = event.header
@@ -507,7 +516,11 @@ class MessageBody:
         parser = self.parser
         reader = self._reader
         while not self.complete:
-            event = parser.next_event()
+            big = self._big_header
+            if big is not None and self._fed >= big:
+                event = await self._next_in_thread()
+            else:
+                event = parser.next_event()
             if event is NEED_DATA:
                 region = parser.next_tensor_region() if reader.in_place else None
                 if region is not None:
@@ -996,10 +1009,18 @@ class V2Server:
         version = r.version
         if version is None and model.versions:
             version = model.versions[0]
-        encoded = binproto.encode_response(
-            result, model_name=model.name, model_version=version, id=header.id, request=header
+        encode = functools.partial(
+            binproto.encode_response,
+            result,
+            model_name=model.name,
+            model_version=version,
+            id=header.id,
+            request=header,
         )
-        return body, encoded
+        if body.header_in_thread and reader.to_thread is not None:
+            # A big JSON request: its JSON answer may be as big, as slow to write.
+            return body, await reader.to_thread(encode)
+        return body, encode()
 
     async def _stream_response(
         self, stream: ByteStream, framer: ResponseFramer, response: StreamingResponse

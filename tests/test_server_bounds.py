@@ -194,3 +194,77 @@ def test_a_tensor_claim_bigger_than_memory_is_refused_at_once(backend: str) -> N
     assert received.startswith(b"HTTP/1.1 413 "), received[:200]
     assert elapsed < 5  # not after waiting for body bytes
     assert b"Connection: close" in received
+
+
+# -- big JSON headers ------------------------------------------------------------------------
+
+
+class Threaded:
+    """A stream whose body arrives in pieces, recording what runs in ``to_thread``."""
+
+    timeout: float | None = None
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.threaded: list[str] = []
+
+    async def receive_some(self, max_bytes: int) -> bytes:
+        data, self.data = self.data[: min(max_bytes, 1 << 16)], self.data[max_bytes:]
+        return data
+
+    async def send_all(self, buffers: Any) -> None:
+        raise AssertionError("nothing is sent")
+
+    async def aclose(self) -> None:
+        pass
+
+    async def to_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        self.threaded.append(fn.__name__)
+        return await asyncio.to_thread(fn, *args)
+
+
+@pytest.mark.parametrize("how", ["events", "tensors"])
+@pytest.mark.parametrize("json_only", [False, True], ids=["binary", "json"])
+@pytest.mark.parametrize("size", [64 << 10, 2 << 20], ids=["small", "big"])
+def test_a_big_json_header_is_parsed_in_a_worker_thread(
+    how: str, json_only: bool, size: int
+) -> None:
+    import h11
+
+    from binproto.adapters._server import THREAD_HEADER, BodyReader, MessageBody
+
+    values = np.arange(size // 8, dtype=np.int32)  # about 8 JSON bytes a value
+    inputs: dict[str, Any] = {"big": values}
+    if not json_only:  # and a binary tensor after the header
+        inputs["x"] = np.arange(4, dtype=np.float32)
+    body = binproto.encode_request(inputs, binary=set(inputs) - {"big"})
+    wire = bytes(body)
+    conn = h11.Connection(h11.SERVER)
+    conn.receive_data(
+        b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\n"
+        + f"Content-Length: {len(wire)}\r\n\r\n".encode()
+    )
+    assert isinstance(conn.next_event(), h11.Request)
+    stream = Threaded(wire)
+
+    async def main() -> dict[str, Any]:
+        parser = binproto.Parser(
+            "request", header_length=body.header_length, content_length=len(wire)
+        )
+        message = MessageBody(parser, BodyReader(stream, conn, len(wire), receive_in_place=False))
+        assert not message.header_in_thread
+        if how == "tensors":
+            got = await message.tensors()
+        else:
+            assembler = binproto.TensorAssembler()
+            async for event in message:
+                assembler.feed(event)
+            got = assembler.tensors
+        assert message.header_in_thread == (size >= THREAD_HEADER)
+        return got
+
+    got = asyncio.run(main())
+    np.testing.assert_array_equal(got["big"], values)
+    header_length = body.header_length if body.header_length is not None else len(wire)
+    assert (header_length >= THREAD_HEADER) == (size >= THREAD_HEADER)
+    assert stream.threaded == (["next_event"] if size >= THREAD_HEADER else [])
