@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import socket
 import threading
 import time
@@ -248,3 +249,19 @@ def test_serve_command_timeout_flags_are_checked(capsys: pytest.CaptureFixture[s
         with pytest.raises(SystemExit):
             build_parser().parse_args(["serve", "--body-timeout", bad])
     assert "--body-timeout" in capsys.readouterr().err
+
+
+def test_the_docs_table_matches_the_defaults_and_flags() -> None:
+    from pathlib import Path
+
+    from binproto.__main__ import build_parser
+
+    doc = Path(__file__).resolve().parent.parent / "docs" / "limits-and-errors.md"
+    rows = re.findall(
+        r"^\| `(\w+)` \| ([\d.]+) s \| `--([\w-]+)` \|", doc.read_text(encoding="utf-8"), re.M
+    )
+    assert [name for name, _, _ in rows] == ["keep_alive", "head", "body", "write"]
+    args = build_parser().parse_args(["serve"])
+    for name, default, flag in rows:
+        assert getattr(Timeouts(), name) == float(default)
+        assert getattr(args, flag.replace("-", "_")) == float(default)
