@@ -110,6 +110,9 @@ YIELD_BYTES = 1 << 20
 #: JSON headers at least this long are parsed in a worker thread when the
 #: stream offers ``to_thread``, so the event loop goes on serving meanwhile.
 THREAD_HEADER = 1 << 20
+#: A gzip request body up to this long (compressed) is read whole before it is
+#: parsed, so its trailer's size is checked against the header's claims first.
+GZIP_AHEAD = 16 << 20
 #: Buffers smaller than this are joined with their neighbours before a write.
 GATHER_BELOW = 1 << 16
 
@@ -439,6 +442,17 @@ class MessageBody:
         self._big_header = length if big else None
         #: True when the JSON header was parsed in a worker thread (it was big).
         self.header_in_thread = False
+        # A small compressed body with binary tensors is read whole first: a
+        # gzip trailer then tells its decompressed size before it is inflated.
+        remaining = reader.remaining
+        self._ahead = (
+            compressed
+            and parser.header_length is not None
+            and remaining is not None
+            and remaining <= GZIP_AHEAD
+        )
+        self._start = b""  # the first and last bytes of a body read ahead
+        self._end = b""
 
     async def _next_in_thread(self) -> Event | NeedData:
         """``parser.next_event()`` in a worker thread: the call that parses a
@@ -469,6 +483,8 @@ class MessageBody:
                 if type(event) is HeaderParsed:
                     self.header = event.header
                     self._header_event = event
+                    if self._end:
+                        self._check_gzip_size(event.header)
                 elif type(event) is MessageComplete:
                     await self._reader.finish()
                 else:
@@ -476,10 +492,45 @@ class MessageBody:
                     if self._checkpoint is not None and type(event) is TensorChunk:
                         await self._pause(len(event.data))
                 return event
+            if self._ahead:
+                await self._read_ahead()
+                continue
             data = await self._reader.read()
             if data is not None:
                 self._fed += len(data)
                 parser.receive_data(data)
+
+    async def _read_ahead(self) -> None:
+        """Give the parser the whole (small, compressed) body, keeping its
+        first and last bytes for :meth:`_check_gzip_size`."""
+        self._ahead = False
+        while True:
+            data = await self._reader.read()
+            if data is None:
+                continue
+            self._fed += len(data)
+            self.parser.receive_data(data)
+            if not len(data):
+                return
+            if len(self._start) < 2:
+                self._start += bytes(data[: 2 - len(self._start)])
+            self._end = (self._end + bytes(data[-4:]))[-4:]
+
+    def _check_gzip_size(self, header: InferenceHeader) -> None:
+        """Refuse a gzip body whose trailer (ISIZE: its decompressed length,
+        modulo 2**32) is not what the header claims, before inflating it: a
+        bomb is refused as soon as its last bytes are in, not after gigabytes."""
+        hl = self.parser.header_length
+        if self._start != b"\x1f\x8b" or hl is None or len(self._end) < 4:
+            return  # not gzip (zlib's trailer has no length)
+        claimed = hl + header.binary_size
+        isize = int.from_bytes(self._end, "little")
+        if isize != claimed % (1 << 32):
+            raise RemoteProtocolError(
+                f"the gzip body expands to {isize} bytes (modulo 2**32, by its trailer),"
+                f" not the {claimed} its header and tensors claim",
+                offset=hl,
+            )
 
     async def read_header(self) -> InferenceHeader:
         """Read up to HeaderParsed (if not done yet) and return the header."""

@@ -268,3 +268,49 @@ def test_a_big_json_header_is_parsed_in_a_worker_thread(
     header_length = body.header_length if body.header_length is not None else len(wire)
     assert (header_length >= THREAD_HEADER) == (size >= THREAD_HEADER)
     assert stream.threaded == (["next_event"] if size >= THREAD_HEADER else [])
+
+
+# -- gzip bombs ------------------------------------------------------------------------------
+
+
+def _gzip_request(claim: int, actual: int) -> bytes:
+    import zlib
+
+    header = binproto.encode_request({"x": np.zeros(1, dtype=np.uint8)}).buffers[0]
+    header = bytes(header).replace(b'"shape":[1]', f'"shape":[{claim}]'.encode())
+    header = header.replace(b'"binary_data_size":1', f'"binary_data_size":{claim}'.encode())
+    comp = zlib.compressobj(1, zlib.DEFLATED, 31)
+    pieces = [comp.compress(header)]
+    zeros = bytes(1 << 20)
+    for _ in range(actual >> 20):
+        pieces.append(comp.compress(zeros))
+    pieces.append(comp.flush())
+    body = b"".join(pieces)
+    head = (
+        "POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+        f"Inference-Header-Content-Length: {len(header)}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    return head + body
+
+
+def test_a_gzip_bomb_is_refused_by_its_trailer_before_it_is_inflated(backend: str) -> None:
+    # Claims 32 MiB of tensor, expands to 128 MiB: the trailer says so.
+    wire = _gzip_request(32 << 20, 128 << 20)
+    for running in serving(backend, V2Server(timeouts=SHORT)):
+        with connect(running.port) as sock:
+            sock.sendall(wire)
+            answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+    assert b"by its trailer" in answer and b"not the 33554" in answer
+
+
+def test_an_honest_gzip_body_passes_the_trailer_check(backend: str) -> None:
+    wire = _gzip_request(8 << 20, 8 << 20)
+    for running in serving(backend, V2Server(timeouts=SHORT)):
+        with connect(running.port) as sock:
+            sock.sendall(wire)
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                answer += sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
