@@ -254,7 +254,7 @@ def test_serve_command_timeout_flags_are_checked(capsys: pytest.CaptureFixture[s
 def test_the_docs_table_matches_the_defaults_and_flags() -> None:
     from pathlib import Path
 
-    from binproto.__main__ import build_parser
+    from binproto.cli import build_parser
 
     doc = Path(__file__).resolve().parent.parent / "docs" / "limits-and-errors.md"
     rows = re.findall(
