@@ -179,9 +179,17 @@ def loads_header(raw: bytes, *, max_depth: int, kind: str = "request") -> Any:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
+        # Triton writes BYTES outputs raw into JSON strings, UTF-8 or not.
+        hint = (
+            "; or BYTES outputs that are not UTF-8, which have no JSON form:"
+            " ask for binary outputs (binary_data_output)"
+            if kind == "response"
+            else ""
+        )
         raise RemoteProtocolError(
             f"failed to parse the {kind} JSON buffer: invalid UTF-8 ({exc.reason})"
-            + _length_hint(len(raw), exc.start, binary=True),
+            + _length_hint(len(raw), exc.start, binary=True)
+            + hint,
             offset=exc.start,
         ) from None
     try:

@@ -10,8 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
+
+import binproto
+from binproto.adapters._server import InferenceError, InferRequest, Model, V2Server
 
 #: The server flavours: asyncio with in-place receive (BufferedProtocol),
 #: asyncio streams, and trio (recv_into).
@@ -20,14 +23,14 @@ HOST = "127.0.0.1"
 
 
 @contextlib.contextmanager
-def _asyncio_server(zero_copy: bool) -> Iterator[int]:
+def _asyncio_server(zero_copy: bool, app: V2Server | None = None) -> Iterator[int]:
     from binproto.adapters import asyncio as adapter
 
     started = threading.Event()
     box: dict[str, Any] = {}
 
     async def main() -> None:
-        server = await adapter.start_server(host=HOST, port=0, zero_copy=zero_copy)
+        server = await adapter.start_server(app, host=HOST, port=0, zero_copy=zero_copy)
         box["port"] = server.sockets[0].getsockname()[1]
         box["stop"] = stop = asyncio.Event()
         box["loop"] = asyncio.get_running_loop()
@@ -98,3 +101,35 @@ def running_binproto_server(backend: str) -> Iterator[int]:
     else:
         with _asyncio_server(zero_copy=backend == "asyncio") as port:
             yield port
+
+
+async def _identity(request: InferRequest) -> dict[str, binproto.Tensor]:
+    """Triton's identity models, in binproto: INPUTn comes back as OUTPUTn."""
+    tensors = await request.tensors()
+    header = request.header
+    available = {
+        "OUTPUT" + name.removeprefix("INPUT"): name for name in tensors if name.startswith("INPUT")
+    }
+    wanted = header.requested_outputs
+    names = [o.name for o in wanted] if wanted is not None else list(available)
+    outputs = {}
+    for out in names:
+        if out not in available:
+            raise InferenceError(
+                f"unexpected inference output '{out}' for model '{request.model.name}'"
+            )
+        name = available[out]
+        outputs[out] = binproto.Tensor(out, tensors[name], datatype=header.tensor(name).datatype)
+    return outputs
+
+
+def identity_app(model_names: Iterable[str]) -> V2Server:
+    """binproto's reference server with Triton's identity models of these names."""
+    return V2Server([Model(name, _identity) for name in model_names])
+
+
+@contextlib.contextmanager
+def running_identity_server(model_names: Iterable[str]) -> Iterator[int]:
+    """Serve :func:`identity_app` with asyncio; yields the port on 127.0.0.1."""
+    with _asyncio_server(zero_copy=True, app=identity_app(model_names)) as port:
+        yield port

@@ -1,14 +1,27 @@
-"""Fixtures of the interop suite: one live KServe echo server per session."""
+"""Fixtures of the interop suite: one live KServe echo server and one Triton
+server per session, and binproto's reference servers."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from .binproto_servers import BACKENDS, running_binproto_server
+from .binproto_servers import BACKENDS, running_binproto_server, running_identity_server
 from .kserve_peer import KServePeer, running_kserve
+from .triton_peer import (
+    DATATYPES,
+    SINGLE_INPUT_MODEL,
+    TritonPeer,
+    model_name,
+    start_triton,
+    triton_unavailable,
+)
+
+#: Set (by .ci/run) where Triton must run: the Triton tests then fail, not skip.
+REQUIRE_TRITON = "BINPROTO_REQUIRE_TRITON"
 
 
 @pytest.fixture(scope="session")
@@ -38,3 +51,29 @@ def binproto_server(request: pytest.FixtureRequest) -> Iterator[tuple[str, int]]
         pytest.importorskip("binproto.adapters.asyncio")
     with running_binproto_server(backend) as port:
         yield backend, port
+
+
+@pytest.fixture(scope="session")
+def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonPeer]:
+    """A real Triton Inference Server (nvidia-pytriton's binary) on 127.0.0.1.
+
+    Serves the identity model of every datatype (``triton_peer.model_name``).
+    Started once for the session and stopped at its end; if it does not become
+    ready the error holds its log. Skipped, with the reason, where Triton cannot
+    run (not Linux x86_64, nvidia-pytriton or the system's numpy 1 missing),
+    unless ``BINPROTO_REQUIRE_TRITON`` is set.
+    """
+    reason = triton_unavailable()
+    if reason is not None:
+        if os.environ.get(REQUIRE_TRITON):
+            pytest.fail(f"{REQUIRE_TRITON} is set but Triton cannot run: {reason}")
+        pytest.skip(reason)
+    with start_triton(tmp_path_factory.mktemp("triton")) as peer:
+        yield peer
+
+
+@pytest.fixture(scope="session")
+def binproto_identity() -> Iterator[int]:
+    """binproto's asyncio server with Triton's identity models: its port."""
+    with running_identity_server([*map(model_name, DATATYPES), SINGLE_INPUT_MODEL]) as port:
+        yield port
