@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import zlib
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,7 +26,15 @@ from binproto.adapters.h11 import HTTPError
 from ..helpers import arrays_equal
 from .samples import sample, utf8_bytes
 from .triton_clients import CLIENTS, COMPRESSING_CLIENTS, Arrays, infer
-from .triton_peer import DATATYPES, SINGLE_INPUT_MODEL, TritonPeer, model_name
+from .triton_peer import (
+    DATATYPES,
+    SINGLE_INPUT_MODEL,
+    TritonPeer,
+    TritonStartError,
+    model_name,
+    start_triton,
+    triton_unavailable,
+)
 
 MiB = 1 << 20
 
@@ -345,3 +354,16 @@ def test_tritonclient_zero_size_and_compressed_on_both(
                 got = result.as_numpy(name.replace("INPUT", "OUTPUT"))
                 assert got is not None and arrays_equal(got, arr), (address, coding, name)
         client.close()
+
+
+def test_a_triton_that_cannot_start_fails_with_its_log(tmp_path: Path) -> None:
+    reason = triton_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    # A datatype Triton does not know: the model fails to load and Triton exits.
+    with pytest.raises(TritonStartError) as raised:
+        with start_triton(tmp_path, datatypes=["NOPE"], single_input=False, timeout=60):
+            pass
+    message = str(raised.value)
+    assert "exited with" in message and "--- Triton log" in message
+    assert "identity_nope" in message  # the log says which model failed
