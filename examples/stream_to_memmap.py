@@ -59,7 +59,11 @@ def memmap_destinations(out: Path) -> Any:
             return None  # nothing to map: the assembler makes the empty array
         dtype = np.dtype("<u2") if info.datatype == "BF16" else info.dtype
         path = out / f"{info.name}.npy"
-        return np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=info.shape)
+        # numpy 1 types open_memmap loosely: the annotation keeps the result typed.
+        mapped: np.ndarray[Any, Any] = np.lib.format.open_memmap(  # type: ignore[no-untyped-call,unused-ignore]
+            path, mode="w+", dtype=dtype, shape=info.shape
+        )
+        return mapped
 
     return destination
 

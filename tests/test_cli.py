@@ -45,7 +45,7 @@ def arrays(tmp_path: Path) -> dict[str, np.ndarray[Any, Any]]:
     }
     np.save(tmp_path / "f32.npy", data["f32"])
     rest = {k: v for k, v in data.items() if k != "f32"}
-    np.savez(tmp_path / "many.npz", **rest)  # type: ignore[arg-type]  # numpy's stub: allow_pickle
+    np.savez(tmp_path / "many.npz", **rest)  # type: ignore[arg-type,unused-ignore]  # numpy 2's stub: allow_pickle
     return data
 
 
