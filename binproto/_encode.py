@@ -266,6 +266,12 @@ def _prepare(name: Any, value: Any, datatype: str | None, params: Any, role: str
         )
     prep = _Prepared(name=name, datatype="", shape=[], parameters=parameters)
 
+    if isinstance(value, (bool, int, float, str, bytes)):
+        # A Python scalar is a 0-d tensor of the type numpy gives it (BOOL,
+        # INT64, FP64, BYTES), as a numpy scalar would be.
+        if isinstance(value, int) and not -(2**63) <= value < 2**63:
+            raise _fail(f"{label}: {value!r} does not fit in INT64")
+        value = np.asarray(value)
     if isinstance(value, (np.ndarray, np.generic)):
         arr = np.asarray(value)
         natural = datatype_for_dtype(arr.dtype)

@@ -686,3 +686,32 @@ def test_join_bytes_matches_tritonclient(length: int) -> None:
     arr = np.empty(50, dtype=object)
     arr[:] = [bytes([i]) * (length + i % 2) for i in range(50)]
     assert binproto.join_bytes(arr.tolist()).tobytes() == utils.serialize_byte_tensor(arr).item()
+
+
+@pytest.mark.parametrize(
+    ("value", "datatype", "expected"),
+    [
+        (1.5, "FP64", np.float64(1.5)),
+        (-3, "INT64", np.int64(-3)),
+        (True, "BOOL", np.True_),
+        ("hé", "BYTES", "hé".encode()),
+        (b"\xff", "BYTES", b"\xff"),
+    ],
+    ids=["float", "int", "bool", "str", "bytes"],
+)
+def test_python_scalars_are_0d_tensors(value: Any, datatype: str, expected: Any) -> None:
+    request = binproto.encode_request({"x": value})
+    response = binproto.encode_response({"x": value}, model_name="m")
+    for body, decode in (
+        (request, binproto.decode_request),
+        (response, binproto.decode_response),
+    ):
+        decoded = decode(b"".join(bytes(b) for b in body.buffers), header_length=body.header_length)
+        (info,) = decoded.header.tensors
+        assert (info.datatype, info.shape) == (datatype, ())
+        assert decoded.tensors["x"].shape == () and decoded.tensors["x"][()] == expected
+
+
+def test_a_python_int_beyond_int64_is_refused() -> None:
+    with pytest.raises(binproto.LocalProtocolError, match="does not fit in INT64"):
+        binproto.encode_request({"x": 2**63})
