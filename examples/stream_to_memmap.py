@@ -11,9 +11,10 @@ Two sources:
   the response is received with :func:`binproto.adapters.h11.receive_body_into`,
   which lets the kernel write tensor bytes straight into the memory map
   (``recv_into``): no copy in between;
-* a saved body (``--body FILE`` plus ``--header-length N``), e.g. one written
-  by ``binproto encode --kind response``: read in 1 MiB pieces and fed to the
-  parser, one copy per byte into the memory map.
+* a saved body (``--body FILE`` plus ``--header-length N``; ``--kind
+  request`` for a request body), e.g. one written by ``binproto encode``:
+  read in 1 MiB pieces and fed to the parser, one copy per byte into the
+  memory map.
 
 Run it::
 
@@ -38,6 +39,7 @@ import h11
 import numpy as np
 
 import binproto
+from binproto import Kind
 from binproto.adapters.h11 import (
     error_message,
     parser_for,
@@ -114,11 +116,12 @@ def from_server(
     return assembler
 
 
-def from_body(path: Path, header_length: int | None, out: Path) -> binproto.TensorAssembler:
-    """Parse a saved response body piece by piece into memory maps under ``out``."""
-    parser = binproto.Parser(
-        "response", header_length=header_length, content_length=path.stat().st_size
-    )
+def from_body(
+    path: Path, header_length: int | None, out: Path, kind: Kind = "response"
+) -> binproto.TensorAssembler:
+    """Parse a saved body (a response, or a request with ``kind``) piece by
+    piece into memory maps under ``out``."""
+    parser = binproto.Parser(kind, header_length=header_length, content_length=path.stat().st_size)
     assembler = binproto.TensorAssembler(memmap_destinations(out))
     with path.open("rb") as f:
         while parser.state is not binproto.ParserState.DONE:
@@ -135,14 +138,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, help="a V2 server with an echo model")
     parser.add_argument("--elements", type=int, default=1 << 20, help="FP32 elements to echo")
-    parser.add_argument("--body", type=Path, help="a saved response body instead of a server")
+    parser.add_argument("--body", type=Path, help="a saved body instead of a server")
     parser.add_argument("--header-length", type=int, help="the body's header length")
+    parser.add_argument(
+        "--kind",
+        choices=("response", "request"),
+        default="response",
+        help="what the saved body is (default response)",
+    )
     args = parser.parse_args(argv)
     if (args.port is None) == (args.body is None):
         parser.error("give either --port or --body")
 
     if args.body is not None:
-        assembler = from_body(args.body, args.header_length, args.out)
+        try:
+            assembler = from_body(args.body, args.header_length, args.out, args.kind)
+        except binproto.ProtocolError as exc:
+            hint = " (a request body? add --kind request)" if args.kind == "response" else ""
+            raise SystemExit(f"{args.body}: not a valid {args.kind} body: {exc}{hint}") from None
     else:
         x = np.arange(args.elements, dtype=np.float32)
         assembler = from_server(args.host, args.port, x, args.out)

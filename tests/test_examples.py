@@ -196,3 +196,21 @@ def test_stream_to_memmap_reports_a_truncated_body(tmp_path: Path) -> None:
         example.from_body(tmp_path / "cut.bin", body.header_length, tmp_path / "out")
     # The header's claims are checked against the file's length before any tensor byte.
     assert exc.value.offset == body.header_length
+
+
+def test_stream_to_memmap_takes_a_request_body_when_told(tmp_path: Path) -> None:
+    x = np.arange(12, dtype=np.float32)
+    body = binproto.encode_request({"x": x})
+    (tmp_path / "req.bin").write_bytes(bytes(body))
+    argv = ["--body", str(tmp_path / "req.bin"), "--header-length", str(body.header_length)]
+    script = str(Path(__file__).resolve().parent.parent / "examples" / "stream_to_memmap.py")
+    # Taken for a response: one line saying what is wrong and what to try, no traceback.
+    wrong = subprocess.run(
+        [sys.executable, script, *argv, "--out", str(tmp_path / "a")],
+        capture_output=True,
+        text=True,
+    )
+    assert wrong.returncode == 1 and "Traceback" not in wrong.stderr
+    assert "add --kind request" in wrong.stderr
+    load("stream_to_memmap").main([*argv, "--out", str(tmp_path / "b"), "--kind", "request"])
+    assert np.array_equal(np.load(tmp_path / "b" / "x.npy"), x)
