@@ -268,7 +268,7 @@ def test_safe_cast_override_copies_once() -> None:
         ([Tensor("x", [1], datatype="BYTES")], True, "must be a sequence of bytes/str"),
         ({"o": np.array([1, b"a"], dtype=object)}, True, "must be bytes or str, got int"),
         ({"s": ["\ud800"]}, True, "not encodable as UTF-8"),
-        ({"x": 3}, True, "expected a numpy array"),
+        ({"x": {"a": 1}}, True, "expected a numpy array"),  # (a Python scalar is a 0-d tensor)
         ([Tensor("p", [1], parameters={"binary_data_size": 4})], True, "set by the encoder"),
         ([Tensor("p", [1], parameters={"x": float("nan")})], True, "JSON cannot carry"),
         ([Tensor("p", [1], parameters={"x": [1]})], True, "string, number or bool"),
