@@ -57,7 +57,7 @@ from binproto import (
 from binproto._assemble import Destinations
 from binproto._compression import ENCODINGS, compress_buffers, normalize_encoding
 from binproto._http import error_text
-from binproto._parser import as_byte_view
+from binproto._util import as_byte_view
 
 if TYPE_CHECKING:
     from starlette.background import BackgroundTask
@@ -217,10 +217,9 @@ async def iter_events(
         parser.receive_data(chunk)
         for event in parser.events():
             yield event
-    if parser.state is not ParserState.DONE:
-        parser.receive_data(b"")
-        for event in parser.events():
-            yield event
+    parser.receive_data(b"")
+    for event in parser.events():
+        yield event
     if parser.state is not ParserState.DONE:  # pragma: no cover - the parser raises first
         raise RemoteProtocolError("the body ended early", offset=parser.bytes_parsed)
 

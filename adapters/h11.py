@@ -40,10 +40,10 @@ except ModuleNotFoundError as exc:  # an optional dependency: say which extra br
     raise missing_extra(exc, "h11") from None
 
 import binproto
-from binproto import Event, Limits, Parser, ParserState, ProtocolError, RemoteProtocolError
+from binproto import Event, Limits, Parser, ProtocolError, RemoteProtocolError
 from binproto._header import Kind
 from binproto._http import HeaderFields, content_length_from, error_text
-from binproto._parser import as_byte_view
+from binproto._util import as_byte_view
 
 if TYPE_CHECKING:
     from binproto import EncodedBody
@@ -275,8 +275,7 @@ def receive_events(parser: Parser, event: h11.Data | h11.EndOfMessage) -> Iterat
     ``Content-Length`` body already ended it).
     """
     feed(parser, event)
-    if parser.state is not ParserState.DONE:
-        yield from parser.events()
+    yield from parser.events()
 
 
 def _buffers(body: EncodedBody | Sequence[Any]) -> Sequence[Any]:

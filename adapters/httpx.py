@@ -45,12 +45,11 @@ from binproto import (
     Limits,
     LocalProtocolError,
     Parser,
-    ParserState,
     TensorAssembler,
 )
 from binproto._assemble import Destinations
 from binproto._compression import ENCODINGS
-from binproto._parser import as_byte_view
+from binproto._util import as_byte_view
 from binproto.adapters.h11 import HTTPError, error_message
 
 if TYPE_CHECKING:
@@ -164,9 +163,8 @@ def _feed(parser: Parser, chunk: bytes) -> Iterator[Event]:
 
 
 def _finish(parser: Parser) -> Iterator[Event]:
-    if parser.state is not ParserState.DONE:
-        parser.receive_data(b"")
-        yield from parser.events()
+    parser.receive_data(b"")
+    yield from parser.events()
 
 
 def iter_events(

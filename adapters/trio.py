@@ -47,7 +47,7 @@ except ModuleNotFoundError as exc:  # an optional dependency: say which extra br
     raise missing_extra(exc, "trio") from None
 
 from binproto import Limits
-from binproto._parser import as_byte_view
+from binproto._util import as_byte_view
 
 from ._client import CLIENT_TIMEOUT, ClientCore, ResponseStream
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from ._errors import LocalProtocolError, RemoteProtocolError
 
-__all__ = ["BytesDecoder", "BytesFramer", "join_bytes", "split_bytes"]
+__all__ = ["BytesDecoder", "BytesFramer", "join_bytes", "object_array", "split_bytes"]
 
 _U32 = struct.Struct("<I")
 
@@ -23,7 +23,7 @@ class BytesFramer:
     left, so an overrun is reported at the prefix that claims it, at the same
     offset for every chunking. Only prefixes are looked at: element bytes are
     skipped, never copied, unless ``collect`` asks for the elements (then each
-    complete element is copied once into a ``bytes``; see :class:`BytesDecoder`).
+    complete element is copied once into a ``bytes``; see :meth:`take`).
     """
 
     __slots__ = (
@@ -54,7 +54,8 @@ class BytesFramer:
         self._piece: bytearray | None = None  # a collected element split across chunks
 
     def _element(self, length: int, at: int) -> None:
-        """Account for a prefix found at tensor offset ``at``."""
+        """Count the prefix found at tensor offset ``at``; raise if the shape
+        has no room for its element or the tensor none for its bytes."""
         self._count += 1
         if self._count > self.elements:
             raise RemoteProtocolError(
@@ -70,31 +71,25 @@ class BytesFramer:
                 offset=self.base + at,
             )
 
-    def _body(self, data: memoryview, i: int, length: int) -> int:
-        """Start an element of ``length`` bytes at ``i``; return where it ends in ``data``."""
-        end = i + length
+    def _begin(self, data: memoryview | bytes, start: int, end: int) -> None:
+        """An element of ``data[start:end]`` that goes on past ``data``'s end."""
         n = len(data)
-        out = self._out
-        if end <= n:
-            if out is not None:
-                out.append(bytes(data[i:end]))
-            return end
-        if out is not None:
-            self._piece = bytearray(data[i:n])
+        if self._out is not None:
+            self._piece = bytearray(data[start:n])
         self._skip = end - n
-        return n
 
-    def feed(self, data: memoryview, offset: int) -> None:
+    def feed(self, data: memoryview | bytes, offset: int) -> None:
         """Check ``data``, the tensor's bytes from tensor offset ``offset``."""
         n = len(data)
+        out = self._out
         i = 0
         if self._skip:  # the rest of an element begun in an earlier chunk
             i = min(self._skip, n)
             self._skip -= i
             if self._piece is not None:
                 self._piece += data[:i]
-                if not self._skip and self._out is not None:
-                    self._out.append(bytes(self._piece))
+                if not self._skip and out is not None:
+                    out.append(bytes(self._piece))
                     self._piece = None
             if self._skip:
                 return
@@ -107,75 +102,37 @@ class BytesFramer:
             length = int.from_bytes(self._partial, "little")
             self._partial = b""
             self._element(length, self._partial_at)
-            i = self._body(data, i, length)
-        if self._out is None and n - i >= 4:
-            i = self._skim(data, offset, i)
+            end = i + length
+            if end > n:
+                self._begin(data, i, end)
+                return
+            if out is not None:
+                out.append(bytes(data[i:end]))
+            i = end
+        # Whole elements: the walk over the prefixes, with both checks of
+        # _element made inline (it is called only to raise).
         unpack = _U32.unpack_from
-        collect = self._out is not None
+        count = self._count
+        elements = self.elements
+        tensor_end = self.size - offset  # where the tensor ends, in data
         while n - i >= 4:
-            (length,) = unpack(data, i)
-            self._element(length, offset + i)
-            i += 4
-            if collect or i + length > n:
-                i = self._body(data, i, length)
-            else:
-                i += length
+            start = i + 4
+            end = start + unpack(data, i)[0]
+            if count == elements or end > tensor_end:
+                self._count = count
+                self._element(end - start, offset + i)
+            count += 1
+            if end > n:  # the element goes on in the next chunk
+                self._count = count
+                self._begin(data, start, end)
+                return
+            if out is not None:
+                out.append(bytes(data[start:end]))
+            i = end
+        self._count = count
         if i < n:
             self._partial = bytes(data[i:n])
             self._partial_at = offset + i
-
-    def _skim(self, data: memoryview, offset: int, i: int) -> int:
-        """Pass over the whole elements of ``data`` from ``i``; return where the
-        checked loop of :meth:`feed` goes on.
-
-        The hot path for many short elements: one tight loop over the length
-        prefixes, with the element count and the tensor's end checked once
-        after it. When either check fails nothing is committed and ``i`` is
-        returned, so the checked loop walks the same prefixes again and raises
-        at the exact one at fault.
-        """
-        n = len(data)
-        last = n - 4
-        unpack = _U32.unpack_from
-        j = i
-        steps = 0
-        while j <= last:
-            j += 4 + unpack(data, j)[0]
-            steps += 1
-        count = self._count + steps
-        if count > self.elements or offset + j > self.size:
-            return i
-        self._count = count
-        if j > n:  # the last element goes on in the next chunk
-            self._skip = j - n
-            return n
-        return j
-
-    def split(self, data: Any) -> np.ndarray[Any, np.dtype[np.object_]]:
-        """Check and split the whole tensor ``data`` in one walk: the elements as
-        a 1-D object array of ``bytes``. Raises what :meth:`feed` and
-        :meth:`finish` would, at the same offsets."""
-        buf = data if isinstance(data, bytes) else bytes(data)
-        unpack = _U32.unpack_from
-        out: list[bytes] = []
-        append = out.append
-        pos = 0
-        try:
-            for _ in range(self.elements):
-                start = pos + 4
-                pos = start + unpack(buf, pos)[0]
-                append(buf[start:pos])
-        except struct.error:  # a prefix past the end
-            pos = -1
-        if pos != len(buf) or len(buf) != self.size:
-            # Walk again with every check, to raise at the exact fault.
-            self.feed(memoryview(buf), 0)
-            self.finish()
-            raise AssertionError("unreachable: the framing was found invalid")
-        self._count = self.elements
-        arr = np.empty(len(out), dtype=object)
-        arr[:] = out
-        return arr
 
     def take(self) -> list[bytes]:
         """The elements completed since the last call (with ``collect`` only)."""
@@ -194,6 +151,13 @@ class BytesFramer:
                 f" its shape {self.elements}",
                 offset=self.base + self.size,
             )
+
+
+def object_array(elements: list[bytes]) -> np.ndarray[Any, np.dtype[np.object_]]:
+    """A 1-D object array holding ``elements``."""
+    arr = np.empty(len(elements), dtype=object)
+    arr[:] = elements
+    return arr
 
 
 class BytesDecoder:
@@ -238,19 +202,13 @@ class BytesDecoder:
 
 
 def split_bytes(buf: Any, count: int) -> np.ndarray[Any, np.dtype[np.object_]]:
-    """Split already-checked BYTES framing into a 1-D object array of ``bytes``."""
-    data = bytes(buf) if not isinstance(buf, bytes) else buf
-    unpack = _U32.unpack_from
-    out: list[bytes] = []
-    append = out.append
-    pos = 0
-    for _ in range(count):
-        start = pos + 4
-        pos = start + unpack(data, pos)[0]
-        append(data[start:pos])
-    arr = np.empty(count, dtype=object)
-    arr[:] = out
-    return arr
+    """Split the BYTES framing of ``count`` elements filling ``buf`` into a 1-D
+    object array of ``bytes``; bad framing is :class:`RemoteProtocolError`."""
+    data = buf if isinstance(buf, bytes) else bytes(buf)
+    framer = BytesFramer("BYTES tensor", count, len(data), 0, collect=True)
+    framer.feed(data, 0)
+    framer.finish()
+    return object_array(framer.take())
 
 
 def join_bytes(elements: list[bytes]) -> np.ndarray[Any, np.dtype[np.uint8]]:

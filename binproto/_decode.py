@@ -7,13 +7,16 @@ from typing import Any
 import numpy as np
 
 from ._assemble import DecodedMessage, TensorAssembler, array_from_bytes
+from ._bytes import BytesFramer, object_array
 from ._compression import inflate_whole, normalize_encoding
 from ._errors import RemoteProtocolError
-from ._events import NEED_DATA, HeaderParsed, MessageComplete, TensorChunk, TensorComplete
+from ._events import HeaderParsed, TensorChunk, TensorComplete
 from ._header import InferenceHeader, Kind
 from ._limits import Limits
-from ._parser import _DEFAULT_LIMITS, Parser, as_byte_view
+from ._parser import DEFAULT_LIMITS, Parser, ParserState
 from ._raw import TensorSpec
+from ._readers import tensor_checks
+from ._util import as_byte_view
 
 __all__ = ["DecodedMessage", "decode", "decode_request", "decode_response"]
 
@@ -41,7 +44,7 @@ def decode(
         # which only decompressing tells: parse that as an uncompressed body.
         encoding = normalize_encoding(content_encoding)
         if encoding is not None:
-            view = memoryview(inflate_whole(view, encoding, limits or _DEFAULT_LIMITS))
+            view = memoryview(inflate_whole(view, encoding, limits or DEFAULT_LIMITS))
             content_encoding = None
     parser = Parser(
         kind,
@@ -59,18 +62,18 @@ def decode(
         return _decode_compressed(parser)
     if header_length == 0 and raw_input is not None:
         return _decode_events(parser)
-    return _decode_plain(parser, view)
+    return _decode_plain(parser, view, strict_bool)
 
 
-def _decode_plain(parser: Parser, view: memoryview) -> DecodedMessage:
+def _decode_plain(parser: Parser, view: memoryview, strict_bool: bool) -> DecodedMessage:
     """Decode an uncompressed body given whole: each binary tensor an array
     straight over its bytes in ``view``.
 
     The parser has checked the header and the claimed sizes against the body
     (``content_length`` is the body's length, so every tensor's bytes are
-    there and nothing follows them); what its TENSORS state would still check
-    per tensor is checked here with the parser's own checkers: BOOL values,
-    and BYTES framing while the elements are split (one walk).
+    there and nothing follows them). What its tensor reader would still check
+    is checked here with the same checks (:func:`tensor_checks`), each tensor
+    in one piece; a BYTES tensor's elements are collected by the same walk.
     """
     event = parser.next_event()
     if type(event) is not HeaderParsed:  # pragma: no cover - the whole body was given
@@ -79,7 +82,8 @@ def _decode_plain(parser: Parser, view: memoryview) -> DecodedMessage:
     tensors: dict[str, np.ndarray[Any, Any]] = {}
     shared: list[str] = []
     offset = header.header_length
-    for info, check, framer in zip(header.tensors, parser._checks, parser._framers, strict=True):
+    checks = tensor_checks(header, strict_bool, collect_bytes=True)
+    for info, check in zip(header.tensors, checks, strict=True):
         size = info.binary_size
         if size is None:
             if info.shared_memory:
@@ -87,11 +91,14 @@ def _decode_plain(parser: Parser, view: memoryview) -> DecodedMessage:
             elif info.array is not None:
                 tensors[info.name] = info.array
             continue
-        if framer is not None:  # BYTES
-            tensors[info.name] = framer.split(view[offset : offset + size]).reshape(info.shape)
+        if check is None:
+            tensors[info.name] = array_from_bytes(info, view, offset)
+        elif isinstance(check, BytesFramer):  # BYTES: the check collects the elements
+            check.feed(bytes(view[offset : offset + size]), 0)
+            check.finish()
+            tensors[info.name] = object_array(check.take()).reshape(info.shape)
         else:
-            if check is not None:
-                check(view[offset : offset + size], 0)
+            check.feed(view[offset : offset + size], 0)
             tensors[info.name] = array_from_bytes(info, view, offset)
         offset += size
     return DecodedMessage(header=header, tensors=tensors, shared_memory=tuple(shared))
@@ -99,14 +106,10 @@ def _decode_plain(parser: Parser, view: memoryview) -> DecodedMessage:
 
 def _decode_events(parser: Parser) -> DecodedMessage:
     """Decode a whole raw binary request through the parser's events."""
-    assert parser.content_encoding is None
     header: InferenceHeader | None = None
     tensors: dict[str, np.ndarray[Any, Any]] = {}
     pieces: list[memoryview] = []
-    while True:
-        event = parser.next_event()
-        if event is NEED_DATA:  # pragma: no cover - the whole body was given
-            raise RemoteProtocolError("unexpected end of body", offset=parser.bytes_parsed)
+    for event in parser.events():
         if type(event) is TensorChunk:
             pieces.append(event.data)
         elif type(event) is TensorComplete:
@@ -116,8 +119,7 @@ def _decode_events(parser: Parser) -> DecodedMessage:
             pieces = []
         elif type(event) is HeaderParsed:
             header = event.header
-        elif type(event) is MessageComplete:
-            break
+    _check_complete(parser)
     assert header is not None
     return DecodedMessage(header=header, tensors=tensors)
 
@@ -126,14 +128,15 @@ def _decode_compressed(parser: Parser) -> DecodedMessage:
     """Decode a compressed body: each tensor copied once, from binproto's own
     decompressed output into its array."""
     assembler = TensorAssembler()
-    while True:
-        event = parser.next_event()
-        if event is NEED_DATA:  # pragma: no cover - the whole body was given
-            raise RemoteProtocolError("unexpected end of body", offset=parser.bytes_parsed)
+    for event in parser.events():
         assembler.feed(event)
-        if type(event) is MessageComplete:
-            break
+    _check_complete(parser)
     return assembler.message()
+
+
+def _check_complete(parser: Parser) -> None:
+    if parser.state is not ParserState.DONE:  # pragma: no cover - the whole body was given
+        raise RemoteProtocolError("unexpected end of body", offset=parser.bytes_parsed)
 
 
 def decode_request(

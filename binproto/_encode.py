@@ -38,7 +38,7 @@ from ._errors import LocalProtocolError, RemoteProtocolError
 from ._header import InferenceHeader, RequestedOutput
 from ._http import message_headers
 from ._json import json_data_to_array
-from ._parser import _bool_checker
+from ._util import check_bool
 
 __all__ = [
     "Binary",
@@ -323,7 +323,7 @@ def _check_bools(arr: np.ndarray[Any, Any], label: str) -> None:
     """Refuse a bool array holding bytes other than 0 and 1 (numpy makes them
     with ``view(bool)``), which a peer refuses: a read-only scan, no copy."""
     try:
-        _bool_checker(label, 0)(arr.reshape(-1).view(np.uint8).data, 0)
+        check_bool(arr.reshape(-1).view(np.uint8).data, label, 0)
     except RemoteProtocolError as exc:
         raise _fail(exc.msg) from None
 

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
-
-from ._twin import fast_constructor
 
 if TYPE_CHECKING:
     from ._header import InferenceHeader, TensorInfo
@@ -39,10 +36,8 @@ NEED_DATA: Final = NeedData.NEED_DATA
 class Event:
     """Base class of every parser event.
 
-    Every event is a frozen, slotted dataclass. This base is a plain class
-    with no fields, so the parser can build :class:`TensorChunk` events
-    quickly (see ``_twin``); assigning to an event's field raises
-    :class:`dataclasses.FrozenInstanceError` all the same.
+    Every event is a frozen, slotted dataclass: assigning to a field raises
+    :class:`dataclasses.FrozenInstanceError`.
     """
 
     __slots__ = ()
@@ -100,8 +95,3 @@ class TensorComplete(Event):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MessageComplete(Event):
     """The body ended exactly where the header said it would."""
-
-
-#: Builds a TensorChunk positionally without the frozen ``__init__`` (see
-#: ``_twin``): a third of its cost, on the parser's hot path once per chunk.
-_make_chunk: Callable[[int, str, int, memoryview], TensorChunk] = fast_constructor(TensorChunk)

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
-from ._datatypes import DATATYPES, DTYPES, FIXED_ITEMSIZES, DataType
+from ._datatypes import DATATYPES, DTYPES, DataType
 from ._errors import RemoteProtocolError
 from ._json import json_data_to_array
 from ._limits import Limits
-from ._twin import fast_constructor
 
 __all__ = ["InferenceHeader", "Kind", "RequestedOutput", "TensorInfo", "build_header"]
 
@@ -126,61 +125,6 @@ class InferenceHeader:
         raise KeyError(name)
 
 
-# Builds a TensorInfo from its ten fields, in order, without the frozen
-# ``__init__`` (see _twin): once per tensor of every header.
-_new_info: Callable[..., TensorInfo] = fast_constructor(TensorInfo)
-
-
-def _binary_info(
-    index: int, name: str, datatype: str, shape: tuple[int, ...], params: dict[str, Any], size: int
-) -> TensorInfo:
-    """The TensorInfo of a tensor whose ``size`` bytes are in the body."""
-    return _new_info(index, name, datatype, shape, params, size, None, size, None, False)
-
-
-def _fast_tensor(t: Any, index: int, limits: Limits, seen: set[str]) -> TensorInfo | None:
-    """The common case, a well-formed fixed-size binary tensor, checked quickly.
-
-    Returns None for anything else, valid or not, which :func:`_tensor` then
-    checks in full (so every error message comes from one place).
-    """
-    # Subscripts, with a missing key or a non-dict caught once, cost less than
-    # ``get`` calls: this runs for every tensor of every header.
-    try:
-        if "data" in t:
-            return None
-        name = t["name"]
-        datatype = t["datatype"]
-        shape = t["shape"]
-        params = t["parameters"]
-        if (
-            type(t) is not dict
-            or type(name) is not str
-            or type(datatype) is not str
-            or type(shape) is not list
-            or type(params) is not dict
-            or name in seen
-            or "shared_memory_region" in params
-        ):
-            return None
-        size = params["binary_data_size"]
-        nbytes = FIXED_ITEMSIZES[datatype]
-    except (KeyError, TypeError):
-        return None
-    if type(size) is not int or size > limits.max_tensor_bytes:
-        return None
-    for d in shape:
-        if type(d) is not int or not 0 <= d < _U64:
-            return None
-        nbytes *= d
-    # Zero-size, very large or many-dimensional shapes take the full check,
-    # which makes sure numpy can describe them.
-    if size != nbytes or not 0 < size <= _MAX_ARRAY_BYTES or len(shape) > MAX_DIMS:
-        return None
-    seen.add(name)
-    return _new_info(index, name, datatype, tuple(shape), params, size, None, size, None, False)
-
-
 def _fail(msg: str, status: int = 400) -> RemoteProtocolError:
     # Faults in the header's content point at the header's first byte.
     return RemoteProtocolError(msg, status_hint=status, offset=0)
@@ -281,6 +225,8 @@ def _tensor(t: Any, index: int, role: str, limits: Limits, seen: set[str]) -> Te
             f" But{but}"
         )
 
+    binary_size: int | None = None
+    array: np.ndarray[Any, Any] | None = None
     if has_binary:
         size = params["binary_data_size"]
         if type(size) is not int or size < 0:
@@ -293,40 +239,28 @@ def _tensor(t: Any, index: int, role: str, limits: Limits, seen: set[str]) -> Te
                 f"binary_data_size {size} of {label} exceeds the limit of {limit} bytes", 413
             )
         _check_binary_size(dt, elements, size, label)
-        return _binary_info(index, name, datatype, shape, params, size)
-    if has_shm:
-        itemsize = dt.itemsize
-        shm_size = params.get("shared_memory_byte_size")
-        if itemsize is not None:
-            nbytes = elements * itemsize
-        else:
-            nbytes = shm_size if type(shm_size) is int and shm_size >= 0 else 0
-        return TensorInfo(
-            index=index,
-            name=name,
-            datatype=datatype,
-            shape=shape,
-            parameters=params,
-            binary_size=None,
-            data=None,
-            nbytes=nbytes,
-            shared_memory=True,
-        )
-    array = json_data_to_array(t["data"], dt, shape, label, elements)
-    if dt.itemsize is None:
-        nbytes = 4 * array.size + sum(len(b) for b in array.flat)
-    else:
+        binary_size = nbytes = size
+    elif dt.itemsize is not None:
+        if has_data:
+            array = json_data_to_array(t["data"], dt, shape, label, elements)
         nbytes = elements * dt.itemsize
+    elif has_data:  # BYTES as JSON strings: the size their binary form would take
+        array = json_data_to_array(t["data"], dt, shape, label, elements)
+        nbytes = 4 * array.size + sum(len(b) for b in array.flat)
+    else:  # BYTES in shared memory: the size the region is said to hold
+        shm_size = params.get("shared_memory_byte_size")
+        nbytes = shm_size if type(shm_size) is int and shm_size >= 0 else 0
     return TensorInfo(
         index=index,
         name=name,
         datatype=datatype,
         shape=shape,
         parameters=params,
-        binary_size=None,
-        data=t["data"],
+        binary_size=binary_size,
+        data=t["data"] if has_data else None,
         nbytes=nbytes,
         array=array,
+        shared_memory=has_shm,
     )
 
 
@@ -394,8 +328,7 @@ def build_header(obj: Any, kind: Kind, limits: Limits, header_length: int) -> In
     seen: set[str] = set()
     infos = []
     for i, t in enumerate(tensors_json):
-        info = _fast_tensor(t, i, limits, seen)
-        infos.append(info if info is not None else _tensor(t, i, role, limits, seen))
+        infos.append(_tensor(t, i, role, limits, seen))
     tensors = tuple(infos)
     return InferenceHeader(
         kind=kind,

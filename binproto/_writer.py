@@ -15,7 +15,7 @@ from ._errors import LocalProtocolError, RemoteProtocolError
 from ._header import InferenceHeader, Kind, build_header
 from ._http import message_headers
 from ._limits import Limits
-from ._parser import _bool_checker, as_byte_view
+from ._util import as_byte_view, check_bool
 
 __all__ = ["BodyWriter"]
 
@@ -239,7 +239,7 @@ class BodyWriter:
                 raise self._misuse(f"malformed BYTES data: {exc.msg}") from None
         elif info.datatype == "BOOL":  # as strict as a peer's parser
             try:
-                _bool_checker(self._label(index), self._offset - self._sent)(view, self._sent)
+                check_bool(view, self._label(index), self._offset)
             except RemoteProtocolError as exc:
                 raise self._misuse(f"{exc.msg} (body byte {exc.offset})") from None
         self._sent += n

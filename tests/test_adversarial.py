@@ -193,13 +193,13 @@ def big_header(size: int) -> bytes:
 def test_large_header_in_one_byte_chunks_is_buffered_in_place() -> None:
     header = big_header(MiB)
     parser = Parser("request", header_length=len(header))
-    buf = parser._header_buf  # the one buffer the parser owns
+    buf = parser._header_reader.buffer  # the one buffer the parser owns
     view = memoryview(header)
     for i in range(len(header) - 1):
         parser.receive_data(view[i : i + 1])
         assert parser.next_event() is binproto.NEED_DATA
     # Appended in place, one byte per call: never re-copied into a new buffer.
-    assert parser._header_buf is buf and len(buf) == len(header) - 1
+    assert parser._header_reader.buffer is buf and len(buf) == len(header) - 1
     parser.receive_data(view[-1:])
     event = parser.next_event()
     assert isinstance(event, binproto.HeaderParsed) and len(event.header.id or "") > MiB - 30
@@ -214,13 +214,13 @@ def test_64_mib_header_in_64_kib_chunks_stays_linear(known: bool) -> None:
     view = memoryview(header)
     with peak_memory() as peak:
         parser = Parser("request", header_length=hl)
-        buf_id = id(parser._header_buf)  # an id, not a reference that would keep it alive
+        buf_id = id(parser._header_reader.buffer)  # an id, not a reference that would keep it alive
         events: list[binproto.Event] = []
         for start in range(0, size, 65536):
             parser.receive_data(view[start : start + 65536])
             events.extend(parser.events())
             in_header = parser.state is binproto.ParserState.HEADER
-            assert id(parser._header_buf) == buf_id or not in_header
+            assert id(parser._header_reader.buffer) == buf_id or not in_header
         parser.receive_data(b"")
         events.extend(parser.events())
     assert isinstance(events[0], binproto.HeaderParsed)
@@ -327,7 +327,7 @@ def test_a_tensor_larger_than_numpy_can_describe_is_refused_whatever_the_limit()
 def test_any_exception_inside_next_event_leaves_the_parser_in_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import binproto._parser as parser_module
+    import binproto._readers as parser_module
 
     def broken(*args: Any) -> Any:
         raise ValueError("a fault outside the protocol checks")

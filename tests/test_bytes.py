@@ -3,6 +3,9 @@ every chunking, and faults land at the same offset however the bytes arrive."""
 
 from __future__ import annotations
 
+import itertools
+import struct
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,6 +18,7 @@ from binproto import (
     decode_request,
     split_bytes,
 )
+from binproto._bytes import BytesFramer
 
 from .helpers import bytes_tensor, chunkings, make_body, run, split
 
@@ -112,3 +116,97 @@ def test_compressed_bytes_faults_too(raw: bytes, elements: int, encoding: str) -
     with pytest.raises(RemoteProtocolError) as info:
         decode_request(packed, header_length=hl, content_encoding=encoding)
     assert (info.value.msg, info.value.offset) == (plain.error[1], plain.error[3])
+
+
+# -- BytesFramer ----------------------------------------------------------------
+
+Outcome = tuple[str, int | None] | int
+
+
+def _frame(lengths: list[int]) -> bytes:
+    return b"".join(struct.pack("<I", n) + b"x" * n for n in lengths)
+
+
+def _outcome(
+    data: bytes, elements: int, size: int, cuts: list[int], collect: bool = False
+) -> Outcome:
+    framer = BytesFramer("input 't'", elements, size, 100, collect=collect)
+    bounds = [0, *sorted(c for c in cuts if 0 < c < len(data)), len(data)]
+    try:
+        for a, b in itertools.pairwise(bounds):
+            framer.feed(memoryview(data)[a:b], a)
+        framer.finish()
+    except RemoteProtocolError as exc:
+        return (str(exc), exc.offset)
+    return framer._count
+
+
+@st.composite
+def framings(draw: st.DrawFn) -> tuple[bytes, int, int, list[int]]:
+    lengths = draw(st.lists(st.integers(0, 12), max_size=40))
+    data = bytearray(_frame(lengths))
+    if data and draw(st.booleans()):
+        # Corrupt one byte: may make a prefix claim too much, or split differently.
+        at = draw(st.integers(0, len(data) - 1))
+        data[at] = draw(st.integers(0, 255))
+    if draw(st.booleans()):
+        data += bytes(draw(st.integers(1, 5)))  # trailing bytes the count does not cover
+    elements = max(0, len(lengths) + draw(st.integers(-3, 3)))
+    cuts = draw(st.lists(st.integers(0, len(data)), max_size=6))
+    return bytes(data), elements, len(data), cuts
+
+
+@settings(max_examples=400, deadline=None)
+@given(framings())
+def test_a_framing_has_one_outcome_in_every_chunking(
+    case: tuple[bytes, int, int, list[int]],
+) -> None:
+    data, elements, size, cuts = case
+    assert _outcome(data, elements, size, cuts) == _outcome(data, elements, size, [])
+
+
+@settings(max_examples=200, deadline=None)
+@given(framings())
+def test_collected_elements_are_the_framed_ones(case: tuple[bytes, int, int, list[int]]) -> None:
+    data, elements, size, cuts = case
+    framer = BytesFramer("input 't'", elements, size, 100, collect=True)
+    bounds = [0, *sorted(c for c in cuts if 0 < c < len(data)), len(data)]
+    got: list[bytes] = []
+    try:
+        for a, b in itertools.pairwise(bounds):
+            framer.feed(memoryview(data)[a:b], a)
+            got += framer.take()
+        framer.finish()
+    except RemoteProtocolError as exc:
+        assert _outcome(data, elements, size, []) == (str(exc), exc.offset)
+        return
+    assert got == list(split_bytes(data, elements))
+
+
+def test_split_bytes_refuses_bad_framing() -> None:
+    with pytest.raises(RemoteProtocolError, match="claims 9 bytes"):
+        split_bytes(struct.pack("<I", 9) + b"ab", 1)
+    with pytest.raises(RemoteProtocolError, match="holds 1, its shape 2"):
+        split_bytes(_frame([2]), 2)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4, 5, 7, 64, 10_000])
+def test_every_chunking_counts_every_element(chunk: int) -> None:
+    lengths = [i % 17 for i in range(500)]
+    data = _frame(lengths)
+    cuts = list(range(chunk, len(data), chunk))
+    assert _outcome(data, 500, len(data), cuts) == 500
+
+
+def test_too_many_elements_raise_at_the_first_extra_prefix() -> None:
+    data = _frame([1, 2, 3])
+    msg, offset = _outcome(data, 2, len(data), [])  # type: ignore[misc]
+    assert "more than the 2" in msg
+    assert offset == 100 + 5 + 6  # base + the two elements the shape holds
+
+
+def test_overrun_raises_at_the_prefix_that_claims_it() -> None:
+    data = _frame([1, 2]) + struct.pack("<I", 50) + b"abc"
+    msg, offset = _outcome(data, 3, len(data), [9])  # type: ignore[misc]
+    assert "claims 50 bytes" in msg
+    assert offset == 100 + 11

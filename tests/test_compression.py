@@ -578,8 +578,9 @@ def test_tiny_chunks_are_gathered_not_queued_as_views() -> None:
         for ev in parser.events():
             if isinstance(ev, TensorChunk):
                 got += ev.data
-        assert parser._inflater is not None
-        longest_queue = max(longest_queue, len(parser._inflater._queue))
+        inflater = parser._queue.source
+        assert inflater is not None
+        longest_queue = max(longest_queue, len(inflater._queue))
     parser.receive_data(b"")
     for ev in parser.events():
         if isinstance(ev, TensorChunk):

@@ -751,3 +751,24 @@ def _full_depth(raw: bytes) -> int:
         elif not inside and c in b"]}":
             depth -= 1
     return best
+
+
+def test_after_message_complete_events_yield_nothing_and_the_end_mark_is_harmless() -> None:
+    body, hl = make_body(
+        {"inputs": [{"name": "x", "datatype": "INT8", "shape": [2],
+                     "parameters": {"binary_data_size": 2}}]},
+        b"\x01\x02",
+    )  # fmt: skip
+    p = Parser("request", header_length=hl, content_length=len(body))
+    p.receive_data(body)
+    assert type(list(p.events())[-1]) is binproto.MessageComplete
+    assert p.state is ParserState.DONE
+    assert list(p.events()) == []
+    p.receive_data(b"")  # a driver's final end mark, after Content-Length ended the body
+    p.receive_data(b"")
+    assert list(p.events()) == [] and p.state is ParserState.DONE
+    with pytest.raises(binproto.RemoteProtocolError, match="after the end of the message"):
+        p.receive_data(b"x")
+    assert p.state.name == "ERROR"
+    with pytest.raises(binproto.LocalProtocolError):
+        list(p.events())

@@ -1,0 +1,317 @@
+"""The parser's pieces: the chunk queue and one reader per state.
+
+Each reader takes bytes from the :class:`ChunkQueue` and returns an event,
+returns ``NEED_DATA``, or raises (see :mod:`binproto._parser` for the state
+machine that dispatches to them).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import Protocol
+
+from ._bytes import BytesFramer
+from ._compression import Inflater
+from ._errors import RemoteProtocolError
+from ._events import NEED_DATA, Event, MessageComplete, NeedData, TensorChunk, TensorComplete
+from ._header import InferenceHeader, Kind, TensorInfo, build_header
+from ._json import loads_header
+from ._limits import Limits
+from ._util import check_bool
+
+__all__ = [
+    "BoolCheck",
+    "ChunkQueue",
+    "HeaderReader",
+    "TensorCheck",
+    "TensorReader",
+    "read_end",
+    "tensor_checks",
+]
+
+
+class ChunkQueue:
+    """Body bytes not parsed yet: views of the caller's buffers, in order.
+
+    For a compressed body the queue holds decompressed bytes, and ``source``
+    (the :class:`~binproto._compression.Inflater`) refills it one bounded step
+    at a time when a reader finds it empty.
+    """
+
+    __slots__ = ("_chunks", "input_ended", "source")
+
+    def __init__(self, source: Inflater | None = None) -> None:
+        self._chunks: deque[memoryview] = deque()
+        #: True once :meth:`end` was called.
+        self.input_ended = False
+        self.source = source
+
+    def append(self, data: memoryview) -> None:
+        """Queue a non-empty piece of the body as it came (compressed or not)."""
+        if self.source is not None:
+            self.source.feed(data)
+        else:
+            self._chunks.append(data)
+
+    def end(self) -> None:
+        """The body's bytes end after the ones appended so far."""
+        self.input_ended = True
+        if self.source is not None:
+            self.source.end()
+
+    @property
+    def ended(self) -> bool:
+        """True once no byte can follow the queued ones."""
+        if self.source is not None:
+            return self.source.finished
+        return self.input_ended
+
+    def take(self, most: int) -> memoryview | None:
+        """Up to ``most`` bytes from the front, as one view; None when no byte
+        is queued (or can be decompressed yet). Never joins chunks."""
+        chunks = self._chunks
+        if not chunks and not self._refill():
+            return None
+        data = chunks.popleft()
+        if len(data) > most:
+            chunks.appendleft(data[most:])
+            data = data[:most]
+        return data
+
+    def has_data(self) -> bool:
+        """True when a byte is queued, decompressing one step if need be."""
+        return bool(self._chunks) or self._refill()
+
+    @property
+    def waiting(self) -> bool:
+        """True when plain bytes are queued (nothing is decompressed to tell)."""
+        return bool(self._chunks)
+
+    def clear(self) -> None:
+        """Drop every queued byte (and the compressed bytes the source holds)."""
+        self._chunks.clear()
+        self.source = None
+
+    def _refill(self) -> bool:
+        source = self.source
+        if source is None:
+            return False
+        piece = source.step()
+        if piece is None:
+            if not source.finished:  # the parser is about to ask for data
+                source.detach()  # let go of the caller's buffers
+            return False
+        self._chunks.append(piece)
+        return True
+
+
+class HeaderReader:
+    """Copies the JSON header into the one buffer the parser owns, then
+    decodes and validates it.
+
+    ``length`` is where the header ends: the Inference-Header-Content-Length,
+    else (a plain JSON body) the body's length, else None (the end of the body).
+    """
+
+    __slots__ = ("buffer", "kind", "length", "limits")
+
+    def __init__(self, kind: Kind, length: int | None, limits: Limits) -> None:
+        self.kind: Kind = kind
+        self.length = length
+        self.limits = limits
+        self.buffer = bytearray()
+
+    def read(self, queue: ChunkQueue) -> InferenceHeader | NeedData:
+        """The validated header, or NEED_DATA."""
+        length = self.length
+        limit = self.limits.max_header_bytes
+        buffer = self.buffer
+        while len(buffer) < (length if length is not None else limit + 1):
+            data = queue.take((length if length is not None else limit + 1) - len(buffer))
+            if data is None:
+                break
+            buffer += data
+        if len(buffer) > limit:  # only reachable when the header's end is not known
+            raise RemoteProtocolError(
+                f"the JSON body exceeds the header limit of {limit} bytes",
+                status_hint=413,
+                offset=limit,
+            )
+        if length is None:
+            if not queue.ended:
+                return NEED_DATA
+        elif len(buffer) < length:
+            if queue.ended:
+                raise RemoteProtocolError(
+                    f"unexpected end of body in the inference header: expecting"
+                    f" {length - len(buffer)} additional bytes (received {len(buffer)}"
+                    f" of {length})",
+                    offset=len(buffer),
+                )
+            return NEED_DATA
+        raw = bytes(buffer)
+        del buffer
+        self.buffer = bytearray()  # the header's copy is all the parser keeps
+        obj = loads_header(raw, max_depth=self.limits.max_json_depth, kind=self.kind)
+        return build_header(obj, self.kind, self.limits, len(raw))
+
+
+class TensorCheck(Protocol):
+    """Checks one tensor's bytes as they pass: ``feed`` each run of them in
+    order (``offset`` counts from the tensor's first byte), then ``finish``."""
+
+    def feed(self, data: memoryview, offset: int) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+class BoolCheck:
+    """A BOOL tensor's bytes are all 0 or 1."""
+
+    __slots__ = ("base", "label")
+
+    def __init__(self, label: str, base: int) -> None:
+        self.label = label
+        self.base = base  # body offset of the tensor's first byte
+
+    def feed(self, data: memoryview, offset: int) -> None:
+        check_bool(data, self.label, self.base + offset)
+
+    def finish(self) -> None:
+        pass
+
+
+def tensor_checks(
+    header: InferenceHeader, strict_bool: bool, *, collect_bytes: bool = False
+) -> list[TensorCheck | None]:
+    """The check each binary tensor's bytes need (None: none), in header order.
+
+    BYTES framing always (a :class:`BytesFramer`, collecting the elements
+    with ``collect_bytes``); BOOL values with ``strict_bool``. Nothing is
+    sized by the claims: a check holds at most a 4-byte partial length prefix.
+    """
+    role = "input" if header.kind == "request" else "output"
+    checks: list[TensorCheck | None] = []
+    base = header.header_length
+    for info in header.tensors:
+        size = info.binary_size
+        check: TensorCheck | None = None
+        if size is not None:
+            if info.datatype == "BYTES":
+                check = BytesFramer(
+                    f"{role} '{info.name}'", info.elements, size, base, collect=collect_bytes
+                )
+            elif info.datatype == "BOOL" and strict_bool:
+                check = BoolCheck(f"{role} '{info.name}'", base)
+            base += size
+        checks.append(check)
+    return checks
+
+
+class TensorReader:
+    """Emits the binary tensors' bytes, as they are queued, and each tensor's
+    completion, in header order: the one place that slices body bytes.
+
+    ``index`` is the current tensor, ``offset`` the bytes of it emitted so
+    far, ``remaining`` the bytes of it still to come, ``position`` the body
+    offset of the next byte. ``prefix`` (a raw BYTES element's length prefix,
+    which the body does not carry) is emitted before the first tensor's bytes.
+    """
+
+    __slots__ = (
+        "checks",
+        "header",
+        "index",
+        "offset",
+        "position",
+        "prefix",
+        "remaining",
+        "total",
+    )
+
+    def __init__(
+        self, header: InferenceHeader, checks: Sequence[TensorCheck | None], prefix: bytes = b""
+    ) -> None:
+        self.header = header
+        self.checks = checks
+        self.index = 0
+        self.offset = 0
+        self.position = header.header_length
+        self.remaining = _size(header.tensors, 0)
+        # The body's length (a raw element's prefix is not in the body).
+        self.total = header.header_length + header.binary_size - len(prefix)
+        self.prefix = prefix
+
+    def read(self, queue: ChunkQueue) -> Event | NeedData | None:
+        """The next TensorChunk or TensorComplete, NEED_DATA, or None once
+        every tensor is complete."""
+        remaining = self.remaining
+        if remaining:
+            data: memoryview | None
+            if self.prefix:
+                data = memoryview(self.prefix)
+                self.prefix = b""
+            else:
+                data = queue.take(remaining)
+                if data is None:
+                    if queue.ended:
+                        raise self._short_body()
+                    return NEED_DATA
+                self.position += len(data)
+            index = self.index
+            offset = self.offset
+            check = self.checks[index]
+            if check is not None:
+                check.feed(data, offset)
+            self.offset = offset + len(data)
+            self.remaining = remaining - len(data)
+            return TensorChunk(
+                index=index, name=self.header.tensors[index].name, offset=offset, data=data
+            )
+        tensors = self.header.tensors
+        index = self.index
+        if index == len(tensors):
+            return None
+        check = self.checks[index]
+        if check is not None:
+            check.finish()
+        self.index = index + 1
+        self.offset = 0
+        self.remaining = _size(tensors, index + 1)
+        info = tensors[index]
+        return TensorComplete(index=index, name=info.name, info=info)
+
+    def region(self) -> tuple[int, int, int] | None:
+        """``(index, offset, count)`` of the bytes this reader takes next."""
+        if not self.remaining or self.prefix:
+            return None
+        return (self.index, self.offset, self.remaining)
+
+    def _short_body(self) -> RemoteProtocolError:
+        header = self.header
+        info = header.tensors[self.index]
+        role = "input" if header.kind == "request" else "output"
+        model = f" for model '{header.model_name}'" if header.model_name else ""
+        return RemoteProtocolError(
+            f"unexpected size for {role} '{info.name}', expecting {self.remaining} additional"
+            f" bytes{model} (received {self.position} of {self.total} body bytes)",
+            offset=self.position,
+        )
+
+
+def _size(tensors: tuple[TensorInfo, ...], index: int) -> int:
+    """Body bytes of tensor ``index`` (0 past the last one)."""
+    return (tensors[index].binary_size or 0) if index < len(tensors) else 0
+
+
+def read_end(queue: ChunkQueue, position: int, length: int | None) -> MessageComplete | NeedData:
+    """MessageComplete once the body is known to end at ``position``, where
+    the last tensor ended (``length``: the body's length, when known)."""
+    if queue.has_data():
+        raise RemoteProtocolError(
+            "unexpected additional input data after the end of the message", offset=position
+        )
+    if queue.ended or position == length:
+        return MessageComplete()
+    return NEED_DATA

@@ -1,0 +1,63 @@
+"""Helpers shared by the parser, the encoder, the writer and the adapters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._errors import LocalProtocolError, RemoteProtocolError
+
+__all__ = ["as_byte_view", "check_bool"]
+
+_NOT_CONTIGUOUS = "buffers passed to binproto must be C-contiguous"
+
+
+def as_byte_view(data: Any) -> memoryview:
+    """A flat unsigned-byte view of any C-contiguous buffer, without copying.
+
+    A numpy array whose dtype the buffer protocol cannot describe (such as
+    ``ml_dtypes.bfloat16``) is taken as its bytes too.
+    """
+    try:
+        mv = memoryview(data)
+    except TypeError:
+        raise LocalProtocolError(
+            f"expected a bytes-like object, got {type(data).__name__}"
+        ) from None
+    except ValueError as exc:
+        mv = _array_bytes(data, exc)
+    if not mv.c_contiguous:
+        raise LocalProtocolError(_NOT_CONTIGUOUS)
+    if mv.format != "B" or mv.ndim != 1:
+        mv = mv.cast("B")
+    return mv
+
+
+def _array_bytes(data: Any, exc: ValueError) -> memoryview:
+    """The bytes of a numpy array ``memoryview`` refused (``exc``), as a view."""
+    if not isinstance(data, np.ndarray):
+        raise LocalProtocolError(f"cannot take the bytes of {type(data).__name__}: {exc}")
+    if not data.flags.c_contiguous:
+        raise LocalProtocolError(_NOT_CONTIGUOUS)
+    try:
+        return data.reshape(-1).view(np.uint8).data
+    except (TypeError, ValueError) as err:  # e.g. an object array: no bytes to take
+        raise LocalProtocolError(
+            f"cannot take the bytes of an array of {data.dtype}: {err}"
+        ) from None
+
+
+def check_bool(data: memoryview, label: str, offset: int) -> None:
+    """Refuse BOOL bytes other than 0 and 1 (one numpy pass, no copy).
+
+    ``data`` are the bytes of ``label`` (e.g. ``"input 'x'"``) that start at body
+    offset ``offset``; the error points at the first bad byte.
+    """
+    values = np.frombuffer(data, dtype=np.uint8)
+    if values.size and values.max() > 1:
+        bad = int(np.argmax(values > 1))
+        raise RemoteProtocolError(
+            f"invalid BOOL value {int(values[bad])} for {label}: expecting 0 or 1",
+            offset=offset + bad,
+        )

@@ -1,0 +1,108 @@
+"""The parser's pieces: the chunk queue and the readers, driven directly."""
+
+from __future__ import annotations
+
+import gzip
+
+import pytest
+
+import binproto
+from binproto._compression import Inflater
+from binproto._readers import ChunkQueue, HeaderReader, TensorReader, read_end, tensor_checks
+
+from .helpers import make_body
+
+
+def test_take_slices_one_chunk_and_never_joins() -> None:
+    queue = ChunkQueue()
+    first, second = memoryview(b"abcdef"), memoryview(b"gh")
+    queue.append(first)
+    queue.append(second)
+    got = queue.take(4)
+    assert got is not None and bytes(got) == b"abcd" and got.obj is first.obj
+    rest = queue.take(100)
+    assert rest is not None and bytes(rest) == b"ef"  # the rest of the first chunk only
+    assert bytes(queue.take(100) or b"") == b"gh"
+    assert queue.take(1) is None and not queue.ended
+    queue.end()
+    assert queue.ended and queue.input_ended
+
+
+def test_clear_drops_what_is_queued() -> None:
+    queue = ChunkQueue()
+    queue.append(memoryview(b"abc"))
+    queue.clear()
+    assert queue.take(3) is None and not queue.waiting
+
+
+def test_a_source_refills_the_queue_when_it_runs_dry() -> None:
+    data = bytes(range(256)) * 4
+    queue = ChunkQueue(Inflater("gzip", binproto.Limits(), None))
+    queue.append(memoryview(gzip.compress(data)))
+    assert not queue.waiting  # compressed bytes wait in the source
+    queue.end()
+    got = bytearray()
+    while (piece := queue.take(100)) is not None:
+        assert len(piece) <= 100
+        got += piece
+    assert bytes(got) == data and queue.ended
+
+
+def test_header_reader_waits_for_the_whole_header() -> None:
+    body, hl = make_body({"inputs": [{"name": "x", "datatype": "INT8", "shape": [1], "data": [1]}]})
+    reader = HeaderReader("request", hl, binproto.Limits())
+    queue = ChunkQueue()
+    queue.append(memoryview(body[:5]))
+    assert reader.read(queue) is binproto.NEED_DATA and bytes(reader.buffer) == body[:5]
+    queue.append(memoryview(body[5:]))
+    header = reader.read(queue)
+    assert isinstance(header, binproto.InferenceHeader) and header.tensors[0].name == "x"
+
+
+def test_tensor_reader_emits_chunks_then_completion_then_none() -> None:
+    body, hl = make_body(_bools(3), b"\x01\x00\x01")
+    header = HeaderReader("request", hl, binproto.Limits()).read(_queued(body[:hl]))
+    assert isinstance(header, binproto.InferenceHeader)
+    reader = TensorReader(header, tensor_checks(header, strict_bool=True))
+    queue = _queued(body[hl : hl + 2], body[hl + 2 :])
+    assert reader.region() == (0, 0, 3)
+    first = reader.read(queue)
+    assert isinstance(first, binproto.TensorChunk) and bytes(first.data) == b"\x01\x00"
+    assert reader.region() == (0, 2, 1) and reader.position == hl + 2
+    assert isinstance(reader.read(queue), binproto.TensorChunk)
+    assert isinstance(reader.read(queue), binproto.TensorComplete)
+    assert reader.read(queue) is None
+    queue.end()
+    assert isinstance(read_end(queue, reader.position, None), binproto.MessageComplete)
+
+
+def test_tensor_reader_checks_bool_bytes() -> None:
+    body, hl = make_body(_bools(2), b"\x01\x07")
+    header = HeaderReader("request", hl, binproto.Limits()).read(_queued(body[:hl]))
+    assert isinstance(header, binproto.InferenceHeader)
+    reader = TensorReader(header, tensor_checks(header, strict_bool=True))
+    with pytest.raises(binproto.RemoteProtocolError) as err:
+        reader.read(_queued(body[hl:]))
+    assert err.value.offset == hl + 1
+    lenient = TensorReader(header, tensor_checks(header, strict_bool=False))
+    assert isinstance(lenient.read(_queued(body[hl:])), binproto.TensorChunk)
+
+
+def test_read_end_refuses_bytes_after_the_message() -> None:
+    with pytest.raises(binproto.RemoteProtocolError, match="additional input") as err:
+        read_end(_queued(b"x"), 10, None)
+    assert err.value.offset == 10
+    assert read_end(ChunkQueue(), 10, 11) is binproto.NEED_DATA
+    assert isinstance(read_end(ChunkQueue(), 10, 10), binproto.MessageComplete)
+
+
+def _queued(*pieces: bytes) -> ChunkQueue:
+    queue = ChunkQueue()
+    for piece in pieces:
+        queue.append(memoryview(piece))
+    return queue
+
+
+def _bools(count: int) -> dict[str, object]:
+    tensor = {"name": "b", "datatype": "BOOL", "shape": [count]}
+    return {"inputs": [{**tensor, "parameters": {"binary_data_size": count}}]}

@@ -1,0 +1,31 @@
+"""Shared helpers: byte views of any buffer, and the BOOL check."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import binproto
+from binproto._util import as_byte_view, check_bool
+
+
+def test_a_byte_view_is_a_view_not_a_copy() -> None:
+    arr = np.arange(4, dtype=np.int32)
+    view = as_byte_view(arr)
+    assert view.format == "B" and view.ndim == 1 and len(view) == 16
+    arr[0] = 7
+    assert view[0] == 7
+
+
+def test_a_strided_buffer_is_refused() -> None:
+    with pytest.raises(binproto.LocalProtocolError, match="C-contiguous"):
+        as_byte_view(np.arange(8, dtype=np.uint8)[::2])
+    with pytest.raises(binproto.LocalProtocolError, match="bytes-like"):
+        as_byte_view(3)
+
+
+def test_check_bool_points_at_the_first_bad_byte() -> None:
+    check_bool(memoryview(b"\x00\x01\x01"), "input 'b'", 10)
+    with pytest.raises(binproto.RemoteProtocolError, match="invalid BOOL value 2") as err:
+        check_bool(memoryview(b"\x00\x01\x02\x05"), "input 'b'", 10)
+    assert err.value.offset == 12
