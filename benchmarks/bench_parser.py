@@ -426,6 +426,7 @@ def small_request() -> tuple[bytes, int]:
     body = binproto.encode_request(
         {"input0": np.arange(1024, dtype=np.float32)}, binary_data_output=True
     )
+    assert body.header_length is not None
     return bytes(body), body.header_length
 
 
