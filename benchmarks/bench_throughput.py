@@ -243,7 +243,7 @@ def run(quick: bool, names: Sequence[str] | None = None) -> list[Row]:
         return [{"workload": "serving throughput", "impl": "not measured", "note": reason}]
     sizes = pick(current, full=[4096, 65536, 1 << 20], quick=[4096], tiny=[4096])
     connections = pick(current, full=[8, 64], quick=[8], tiny=[8])
-    rounds = pick(current, full=3, quick=2, tiny=1)
+    rounds = pick(current, full=2, quick=2, tiny=1)
     seconds = pick(current, full=3, quick=2, tiny=1)
     commands = available(names)
     if current == "tiny":  # the smoke test: one floor and one server, briefly
