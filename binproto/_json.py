@@ -97,6 +97,10 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
+# Built once: json.loads with arguments builds a decoder on every call.
+_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys)
+
+
 # Tokens of the duplicate-key scan: a key (a string and its colon), a bracket,
 # or any other string (consumed whole, so brackets inside it are not counted).
 _KEY_TOKENS = re.compile(
@@ -193,7 +197,9 @@ def loads_header(raw: bytes, *, max_depth: int, kind: str = "request") -> Any:
             offset=exc.start,
         ) from None
     try:
-        obj = json.loads(text, object_pairs_hook=_unique_keys)
+        if text.startswith("\ufeff"):  # as json.loads says it; JSONDecoder does not check
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+        obj = _DECODER.decode(text)
     except _DuplicateKey as exc:
         found = _first_duplicate_key(raw)
         key, offset = found if found is not None else (exc.key, 0)
