@@ -22,8 +22,9 @@ class BytesFramer:
     prefix. Each element's length is checked against the bytes the tensor has
     left, so an overrun is reported at the prefix that claims it, at the same
     offset for every chunking. Only prefixes are looked at: element bytes are
-    skipped, never copied, unless ``collect`` asks for the elements (then each
-    complete element is copied once into a ``bytes``; see :meth:`take`).
+    skipped, never copied, unless ``collect`` asks for the elements (see
+    :meth:`take`): a collecting framer is fed ``bytes``, whose slices are the
+    elements.
     """
 
     __slots__ = (
@@ -50,7 +51,8 @@ class BytesFramer:
         self._skip = 0  # bytes of the current element still to pass over
         self._partial = b""  # a prefix split across chunks
         self._partial_at = 0
-        self._out: list[bytes] | None = [] if collect else None
+        # Slices of the bytes fed (a collecting framer is fed bytes).
+        self._out: list[Any] | None = [] if collect else None
         self._piece: bytearray | None = None  # a collected element split across chunks
 
     def _element(self, length: int, at: int) -> None:
@@ -79,7 +81,8 @@ class BytesFramer:
         self._skip = end - n
 
     def feed(self, data: memoryview | bytes, offset: int) -> None:
-        """Check ``data``, the tensor's bytes from tensor offset ``offset``."""
+        """Check ``data``, the tensor's bytes from tensor offset ``offset``
+        (``bytes`` when collecting)."""
         n = len(data)
         out = self._out
         i = 0
@@ -107,7 +110,7 @@ class BytesFramer:
                 self._begin(data, i, end)
                 return
             if out is not None:
-                out.append(bytes(data[i:end]))
+                out.append(data[i:end])
             i = end
         # Whole elements: the walk over the prefixes, with both checks of
         # _element made inline (it is called only to raise).
@@ -127,7 +130,7 @@ class BytesFramer:
                 self._begin(data, start, end)
                 return
             if out is not None:
-                out.append(bytes(data[start:end]))
+                out.append(data[start:end])
             i = end
         self._count = count
         if i < n:
@@ -189,11 +192,11 @@ class BytesDecoder:
 
     def feed(self, data: Any) -> list[bytes]:
         """Take the tensor's next bytes; return the elements they complete."""
-        view = memoryview(data).cast("B")
-        if self._offset + len(view) > self._framer.size:
+        chunk = memoryview(data).cast("B").tobytes()  # the elements are slices of it
+        if self._offset + len(chunk) > self._framer.size:
             raise LocalProtocolError("more bytes fed than the tensor's binary_data_size")
-        self._framer.feed(view, self._offset)
-        self._offset += len(view)
+        self._framer.feed(chunk, self._offset)
+        self._offset += len(chunk)
         return self._framer.take()
 
     def finish(self) -> None:

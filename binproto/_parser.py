@@ -46,7 +46,7 @@ from typing import Any, NoReturn
 
 from ._compression import Inflater, normalize_encoding
 from ._errors import LocalProtocolError, RemoteProtocolError
-from ._events import NEED_DATA, Event, HeaderParsed, NeedData
+from ._events import NEED_DATA, Event, HeaderParsed, MessageComplete, NeedData
 from ._header import InferenceHeader, Kind
 from ._limits import Limits
 from ._raw import TensorSpec, raw_header
@@ -130,6 +130,8 @@ class Parser:
         self.limits = limits if limits is not None else DEFAULT_LIMITS
         self.strict_bool = strict_bool
         self._state = ParserState.HEADER
+        # The current state's reader (looked up once per change of state).
+        self._reader: Callable[[Parser], Event | NeedData] | None = Parser._read_header
         self._error: BaseException | None = None
         # A fault of the peer's found here (an unsupported coding) is raised
         # by the first next_event, as every fault of the body is.
@@ -225,25 +227,29 @@ class Parser:
         :class:`RemoteProtocolError` for bytes after a complete message.
         """
         data = as_byte_view(data)
-        state = self._state
         queue = self._queue
+        if self._reader is None or queue.input_ended or not data:
+            self._receive_edge(data)  # the end mark, or anything after the end
+        else:
+            queue.append(data)
+
+    def _receive_edge(self, data: memoryview) -> None:
+        state = self._state
         if state is ParserState.ERROR:
             raise LocalProtocolError("cannot receive data: the parser is in the ERROR state")
         if not data and state is ParserState.DONE:
             return  # the end of a body already complete
-        if queue.input_ended:
+        if self._queue.input_ended:
             raise LocalProtocolError("cannot receive data after the end of the body")
         if not data:
-            queue.end()
-        elif state is ParserState.DONE:
+            self._queue.end()
+        else:  # DONE, ended by content_length
             self._fail(
                 RemoteProtocolError(
                     "unexpected additional input data after the end of the message",
                     offset=self.bytes_parsed,
                 )
             )
-        else:
-            queue.append(data)
 
     # -- output -----------------------------------------------------------------
 
@@ -253,7 +259,7 @@ class Parser:
         Any exception it raises leaves the parser in the ERROR state, as a
         :class:`RemoteProtocolError` does.
         """
-        reader = READERS.get(self._state)
+        reader = self._reader
         if reader is None:
             if self._state is ParserState.DONE:
                 raise LocalProtocolError("no more events: the message is complete")
@@ -268,16 +274,24 @@ class Parser:
     def events(self) -> Iterator[Event]:
         """Yield events until NEED_DATA, or until MessageComplete (after it,
         nothing)."""
-        while self._state is not ParserState.DONE:
+        if self._state is ParserState.DONE:
+            return
+        while True:
             event = self.next_event()
             if event is NEED_DATA:
                 return
             yield event
+            if type(event) is MessageComplete:
+                return
+
+    def _enter(self, state: ParserState) -> None:
+        self._state = state
+        self._reader = READERS.get(state)
 
     def _fail(self, exc: BaseException) -> NoReturn:
         # Not only the peer's faults: whatever stopped the parser midway, it
         # cannot safely go on, so it stays in ERROR.
-        self._state = ParserState.ERROR
+        self._enter(ParserState.ERROR)
         self._error = exc
         self._queue.clear()
         raise exc
@@ -301,7 +315,7 @@ class Parser:
         _check_body(self, header, tensors.total)
         self._header = header
         self._tensors = tensors
-        self._state = ParserState.TENSORS
+        self._enter(ParserState.TENSORS)
         return HeaderParsed(header=header)
 
     def _read_tensors(self) -> Event | NeedData:
@@ -309,14 +323,14 @@ class Parser:
         event = self._tensors.read(self._queue)
         if event is not None:
             return event
-        self._state = ParserState.END
+        self._enter(ParserState.END)
         return self._read_end()
 
     def _read_end(self) -> Event | NeedData:
         assert self._tensors is not None
         event = read_end(self._queue, self._tensors.position, self._body_length)
         if event is not NEED_DATA:
-            self._state = ParserState.DONE
+            self._enter(ParserState.DONE)
         return event
 
     def _check_lengths(self) -> None:

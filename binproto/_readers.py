@@ -213,8 +213,8 @@ class TensorReader:
     """Emits the binary tensors' bytes, as they are queued, and each tensor's
     completion, in header order: the one place that slices body bytes.
 
-    ``index`` is the current tensor, ``offset`` the bytes of it emitted so
-    far, ``remaining`` the bytes of it still to come, ``position`` the body
+    ``index`` is the current tensor (called ``name``), ``offset`` the bytes of
+    it emitted so far, ``remaining`` the bytes of it still to come, ``position`` the body
     offset of the next byte. ``prefix`` (a raw BYTES element's length prefix,
     which the body does not carry) is emitted before the first tensor's bytes.
     """
@@ -223,6 +223,7 @@ class TensorReader:
         "checks",
         "header",
         "index",
+        "name",
         "offset",
         "position",
         "prefix",
@@ -236,6 +237,7 @@ class TensorReader:
         self.header = header
         self.checks = checks
         self.index = 0
+        self.name = header.tensors[0].name if header.tensors else ""
         self.offset = 0
         self.position = header.header_length
         self.remaining = _size(header.tensors, 0)
@@ -266,9 +268,7 @@ class TensorReader:
                 check.feed(data, offset)
             self.offset = offset + len(data)
             self.remaining = remaining - len(data)
-            return TensorChunk(
-                index=index, name=self.header.tensors[index].name, offset=offset, data=data
-            )
+            return TensorChunk(index=index, name=self.name, offset=offset, data=data)
         tensors = self.header.tensors
         index = self.index
         if index == len(tensors):
@@ -279,6 +279,8 @@ class TensorReader:
         self.index = index + 1
         self.offset = 0
         self.remaining = _size(tensors, index + 1)
+        if index + 1 < len(tensors):
+            self.name = tensors[index + 1].name
         info = tensors[index]
         return TensorComplete(index=index, name=info.name, info=info)
 

@@ -174,7 +174,7 @@ def test_collected_elements_are_the_framed_ones(case: tuple[bytes, int, int, lis
     got: list[bytes] = []
     try:
         for a, b in itertools.pairwise(bounds):
-            framer.feed(memoryview(data)[a:b], a)
+            framer.feed(data[a:b], a)
             got += framer.take()
         framer.finish()
     except RemoteProtocolError as exc:
