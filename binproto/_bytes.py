@@ -115,23 +115,29 @@ class BytesFramer:
         # Whole elements: the walk over the prefixes, with both checks of
         # _element made inline (it is called only to raise).
         unpack = _U32.unpack_from
-        count = self._count
-        elements = self.elements
         tensor_end = self.size - offset  # where the tensor ends, in data
-        while n - i >= 4:
+        last = n - 4  # where the last whole prefix of data starts
+        count = self._count
+        for count in range(self._count, self.elements):  # at most the elements left
+            if i > last:
+                break
             start = i + 4
             end = start + unpack(data, i)[0]
-            if count == elements or end > tensor_end:
+            if end > tensor_end:
                 self._count = count
                 self._element(end - start, offset + i)
-            count += 1
             if end > n:  # the element goes on in the next chunk
-                self._count = count
+                self._count = count + 1
                 self._begin(data, start, end)
                 return
             if out is not None:
                 out.append(data[start:end])
             i = end
+        else:  # every element of the shape is read: a further prefix is one too many
+            count = self.elements
+            if i <= last:
+                self._count = count
+                self._element(unpack(data, i)[0], offset + i)
         self._count = count
         if i < n:
             self._partial = bytes(data[i:n])
