@@ -837,8 +837,11 @@ class V2Server:
     async def _next_request(
         self, stream: ByteStream, conn: h11.Connection, timeouts: Timeouts
     ) -> h11.Request | None:
-        received = 0  # bytes of this head read so far (with what may follow it)
-        deadline = 0.0
+        # Bytes of this head read so far (with what may follow it): some may
+        # have come with the previous request (pipelined), and then the head
+        # has begun, and its deadline runs, already.
+        received = len(conn.trailing_data[0])
+        deadline = time.monotonic() + (timeouts.head or 0.0)
         while True:
             try:
                 event = conn.next_event()

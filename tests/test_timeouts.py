@@ -265,3 +265,19 @@ def test_the_docs_table_matches_the_defaults_and_flags() -> None:
     for name, default, flag in rows:
         assert getattr(Timeouts(), name) == float(default)
         assert getattr(args, flag.replace("-", "_")) == float(default)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_pipelined_head_that_stalls_is_cut_at_its_deadline(backend: str) -> None:
+    # The next request's head began with the previous request's bytes: its
+    # deadline runs from then, not the keep-alive wait.
+    partial = b"GET /v2/health/live HTTP/1.1\r\nHost:"
+    with serving(backend, Timeouts(keep_alive=30, head=0.5, body=5, write=5)) as port:
+        with _connect(port) as sock:
+            start = time.monotonic()
+            sock.sendall(GET_LIVE + partial)
+            received = _until_closed(sock)
+            elapsed = time.monotonic() - start
+    first, _, rest = received.partition(b"HTTP/1.1 408 ")
+    assert first.startswith(b"HTTP/1.1 200 ") and b"request head" in rest, received[:400]
+    assert elapsed < 5
