@@ -752,7 +752,7 @@ class V2Server:
     ``/v2/health/live`` and ``/ready``, model metadata and readiness, and
     ``POST /v2/models/{name}[/versions/{v}]/infer``.
 
-    Inference responses are compressed (gzip, else deflate) when the request's
+    Inference responses are compressed (gzip or deflate, by q-value) when the request's
     ``Accept-Encoding`` allows it (see :func:`binproto.preferred_encoding`):
     the body is compressed and written a piece at a time, never held whole,
     with ``Content-Encoding``, ``Vary: Accept-Encoding``, the uncompressed JSON

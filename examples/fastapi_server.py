@@ -10,7 +10,7 @@ or ``uvicorn examples.fastapi_server:app``. It serves:
 - ``POST /v2/models/{name}[/versions/{version}]/infer``: the request body is
   parsed as it arrives (binary tensors are copied once, into their arrays);
   the response streams the output arrays' own memory, unjoined, or compresses
-  it a piece at a time (gzip, else deflate) when the request's
+  it a piece at a time (gzip or deflate, by q-value) when the request's
   ``Accept-Encoding`` allows it.
 - ``GET /v2`` (server metadata, with ``"extensions": ["binary_tensor_data"]``),
   ``GET /v2/health/live``, ``GET /v2/health/ready``,
@@ -174,7 +174,7 @@ async def infer(name: str, request: Request, version: str | None = None) -> Resp
         )
     except binproto.ProtocolError as exc:
         return error_response(exc)
-    # Compress (gzip, else deflate) when the client accepts it.
+    # Compress (gzip or deflate, by q-value) when the client accepts it.
     accept = ", ".join(request.headers.getlist("accept-encoding"))
     return EncodedResponse(body, encoding=binproto.preferred_encoding(accept))
 
