@@ -7,6 +7,7 @@ import gc
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -120,6 +121,48 @@ def test_a_failed_requests_arrays_are_freed_without_the_collector(
         while ASSEMBLED[0]() is not None and time.monotonic() < deadline:
             time.sleep(0.01)
         assert ASSEMBLED[0]() is None
+    finally:
+        gc.enable()
+
+
+async def _answer_big(request: InferRequest) -> Any:
+    tensors = await request.tensors()
+    output = np.repeat(tensors["x"], 1 << 12)  # 64 MiB back: more than socket buffers hold
+    ASSEMBLED.append(weakref.ref(output))
+    return {"x": output}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_response_nobody_reads_is_freed_after_the_write_stall(backend: str) -> None:
+    import h11
+
+    import binproto
+    from binproto.adapters._server import Timeouts
+    from binproto.adapters.h11 import request_for, send_message
+
+    ASSEMBLED.clear()
+    app = V2Server([Model("big", _answer_big)], timeouts=Timeouts(write=0.3))
+    body = binproto.encode_request(
+        {"x": np.ones(1 << 12, dtype=np.float32)}, binary_data_output=True
+    )
+    conn = h11.Connection(h11.CLIENT)
+    wire = b"".join(
+        bytes(p) for p in send_message(conn, request_for("/v2/models/big/infer", body), body)
+    )
+    servers = (
+        _trio_server(app)
+        if backend == "trio"
+        else _asyncio_server(app, zero_copy=backend == "asyncio")
+    )
+    gc.disable()
+    try:
+        with servers as port, _connect(port) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+            sock.sendall(wire)  # and never reads: the server gives up on it
+            deadline = time.monotonic() + 5
+            while (not ASSEMBLED or ASSEMBLED[0]() is not None) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(ASSEMBLED) == 1 and ASSEMBLED[0]() is None
     finally:
         gc.enable()
 
