@@ -20,6 +20,12 @@ ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
+def _default_sigint() -> None:
+    # A shell that starts a job in the background makes it ignore SIGINT, and
+    # Python keeps an ignored SIGINT ignored: give the child Ctrl-C back.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupted_after_start(argv: list[str], ready: bytes) -> subprocess.CompletedProcess[bytes]:
     """Start ``argv``, wait until its output holds ``ready``, press Ctrl-C."""
     proc = subprocess.Popen(argv, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -65,7 +71,12 @@ def test_ctrl_c_stops_the_fastapi_example_quietly() -> None:
     sock.listen(8)
     argv = [sys.executable, "examples/fastapi_server.py", "--fd", str(sock.fileno())]
     proc = subprocess.Popen(
-        argv, cwd=ROOT, env=ENV, pass_fds=[sock.fileno()], stderr=subprocess.PIPE
+        argv,
+        cwd=ROOT,
+        env=ENV,
+        pass_fds=[sock.fileno()],
+        stderr=subprocess.PIPE,
+        preexec_fn=_default_sigint,
     )
     port = sock.getsockname()[1]
     sock.close()
