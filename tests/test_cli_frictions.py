@@ -28,7 +28,14 @@ def _default_sigint() -> None:
 
 def _interrupted_after_start(argv: list[str], ready: bytes) -> subprocess.CompletedProcess[bytes]:
     """Start ``argv``, wait until its output holds ``ready``, press Ctrl-C."""
-    proc = subprocess.Popen(argv, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=_default_sigint,
+    )
     assert proc.stdout is not None
     seen = b""
     deadline = time.monotonic() + 60
