@@ -15,7 +15,7 @@ from ._header import InferenceHeader, Kind
 from ._limits import Limits
 from ._parser import DEFAULT_LIMITS, Parser, ParserState
 from ._raw import TensorSpec
-from ._readers import tensor_checks
+from ._readers import tensor_check
 from ._util import as_byte_view
 
 __all__ = ["DecodedMessage", "decode", "decode_request", "decode_response"]
@@ -72,7 +72,7 @@ def _decode_plain(parser: Parser, view: memoryview, strict_bool: bool) -> Decode
     The parser has checked the header and the claimed sizes against the body
     (``content_length`` is the body's length, so every tensor's bytes are
     there and nothing follows them). What its tensor reader would still check
-    is checked here with the same checks (:func:`tensor_checks`), each tensor
+    is checked here with the same checks (:func:`tensor_check`), each tensor
     in one piece; a BYTES tensor's elements are collected by the same walk.
     """
     event = parser.next_event()
@@ -82,8 +82,8 @@ def _decode_plain(parser: Parser, view: memoryview, strict_bool: bool) -> Decode
     tensors: dict[str, np.ndarray[Any, Any]] = {}
     shared: list[str] = []
     offset = header.header_length
-    checks = tensor_checks(header, strict_bool, collect_bytes=True)
-    for info, check in zip(header.tensors, checks, strict=True):
+    role = "input" if header.kind == "request" else "output"
+    for info in header.tensors:
         size = info.binary_size
         if size is None:
             if info.shared_memory:
@@ -91,6 +91,7 @@ def _decode_plain(parser: Parser, view: memoryview, strict_bool: bool) -> Decode
             elif info.array is not None:
                 tensors[info.name] = info.array
             continue
+        check = tensor_check(info, role, offset, strict_bool, collect_bytes=True)
         if check is None:
             tensors[info.name] = array_from_bytes(info, view, offset)
         elif isinstance(check, BytesFramer):  # BYTES: the check collects the elements

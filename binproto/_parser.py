@@ -50,7 +50,7 @@ from ._events import NEED_DATA, Event, HeaderParsed, MessageComplete, NeedData
 from ._header import InferenceHeader, Kind
 from ._limits import Limits
 from ._raw import TensorSpec, raw_header
-from ._readers import BoolCheck, ChunkQueue, HeaderReader, TensorReader, read_end, tensor_checks
+from ._readers import ChunkQueue, HeaderReader, TensorReader, read_end
 from ._util import as_byte_view
 
 __all__ = ["DEFAULT_LIMITS", "Parser", "ParserState"]
@@ -302,16 +302,13 @@ class Parser:
         self._check_lengths()
         if self._raw_input is not None:
             header, prefix = raw_header(self._raw_input, self._body_length, self.limits)
-            # A raw BOOL input is checked as a BOOL tensor in a body is.
-            bool_input = header.tensors[0].datatype == "BOOL" and self.strict_bool
-            checks = [BoolCheck(f"input '{header.tensors[0].name}'", 0) if bool_input else None]
-            tensors = TensorReader(header, checks, prefix)
+            tensors = TensorReader(header, self.strict_bool, prefix)
         else:
             parsed = self._header_reader.read(self._queue)
             if parsed is NEED_DATA:
                 return NEED_DATA
             header = parsed
-            tensors = TensorReader(header, tensor_checks(header, self.strict_bool))
+            tensors = TensorReader(header, self.strict_bool)
         _check_body(self, header, tensors.total)
         self._header = header
         self._tensors = tensors

@@ -8,7 +8,6 @@ machine that dispatches to them).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
 from typing import Protocol
 
 from ._bytes import BytesFramer
@@ -27,7 +26,7 @@ __all__ = [
     "TensorCheck",
     "TensorReader",
     "read_end",
-    "tensor_checks",
+    "tensor_check",
 ]
 
 
@@ -182,31 +181,25 @@ class BoolCheck:
         pass
 
 
-def tensor_checks(
-    header: InferenceHeader, strict_bool: bool, *, collect_bytes: bool = False
-) -> list[TensorCheck | None]:
-    """The check each binary tensor's bytes need (None: none), in header order.
+def tensor_check(
+    info: TensorInfo, role: str, base: int, strict_bool: bool, *, collect_bytes: bool = False
+) -> TensorCheck | None:
+    """The check a binary tensor's bytes need (None: none); ``base`` is the
+    body offset of its first byte, ``role`` ``"input"`` or ``"output"``.
 
     BYTES framing always (a :class:`BytesFramer`, collecting the elements
     with ``collect_bytes``); BOOL values with ``strict_bool``. Nothing is
     sized by the claims: a check holds at most a 4-byte partial length prefix.
     """
-    role = "input" if header.kind == "request" else "output"
-    checks: list[TensorCheck | None] = []
-    base = header.header_length
-    for info in header.tensors:
-        size = info.binary_size
-        check: TensorCheck | None = None
-        if size is not None:
-            if info.datatype == "BYTES":
-                check = BytesFramer(
-                    f"{role} '{info.name}'", info.elements, size, base, collect=collect_bytes
-                )
-            elif info.datatype == "BOOL" and strict_bool:
-                check = BoolCheck(f"{role} '{info.name}'", base)
-            base += size
-        checks.append(check)
-    return checks
+    size = info.binary_size
+    if size is None:
+        return None
+    if info.datatype == "BYTES":
+        label = f"{role} '{info.name}'"
+        return BytesFramer(label, info.elements, size, base, collect=collect_bytes)
+    if info.datatype == "BOOL" and strict_bool:
+        return BoolCheck(f"{role} '{info.name}'", base)
+    return None
 
 
 class TensorReader:
@@ -220,7 +213,7 @@ class TensorReader:
     """
 
     __slots__ = (
-        "checks",
+        "check",
         "header",
         "index",
         "name",
@@ -228,22 +221,35 @@ class TensorReader:
         "position",
         "prefix",
         "remaining",
+        "role",
+        "strict_bool",
         "total",
     )
 
-    def __init__(
-        self, header: InferenceHeader, checks: Sequence[TensorCheck | None], prefix: bytes = b""
-    ) -> None:
+    def __init__(self, header: InferenceHeader, strict_bool: bool, prefix: bytes = b"") -> None:
         self.header = header
-        self.checks = checks
-        self.index = 0
-        self.name = header.tensors[0].name if header.tensors else ""
-        self.offset = 0
+        self.role = "input" if header.kind == "request" else "output"
+        self.strict_bool = strict_bool
         self.position = header.header_length
-        self.remaining = _size(header.tensors, 0)
         # The body's length (a raw element's prefix is not in the body).
         self.total = header.header_length + header.binary_size - len(prefix)
         self.prefix = prefix
+        self._enter(0)
+
+    def _enter(self, index: int) -> None:
+        """Make tensor ``index`` the current one (past the last: none)."""
+        tensors = self.header.tensors
+        self.index = index
+        self.offset = 0
+        self.check: TensorCheck | None = None
+        if index < len(tensors):
+            info = tensors[index]
+            self.name = info.name
+            self.remaining = info.binary_size or 0
+            self.check = tensor_check(info, self.role, self.position, self.strict_bool)
+        else:
+            self.name = ""
+            self.remaining = 0
 
     def read(self, queue: ChunkQueue) -> Event | NeedData | None:
         """The next TensorChunk or TensorComplete, NEED_DATA, or None once
@@ -261,26 +267,19 @@ class TensorReader:
                         raise self._short_body()
                     return NEED_DATA
                 self.position += len(data)
-            index = self.index
             offset = self.offset
-            check = self.checks[index]
-            if check is not None:
-                check.feed(data, offset)
+            if self.check is not None:
+                self.check.feed(data, offset)
             self.offset = offset + len(data)
             self.remaining = remaining - len(data)
-            return TensorChunk(index=index, name=self.name, offset=offset, data=data)
+            return TensorChunk(index=self.index, name=self.name, offset=offset, data=data)
         tensors = self.header.tensors
         index = self.index
         if index == len(tensors):
             return None
-        check = self.checks[index]
-        if check is not None:
-            check.finish()
-        self.index = index + 1
-        self.offset = 0
-        self.remaining = _size(tensors, index + 1)
-        if index + 1 < len(tensors):
-            self.name = tensors[index + 1].name
+        if self.check is not None:
+            self.check.finish()
+        self._enter(index + 1)
         info = tensors[index]
         return TensorComplete(index=index, name=info.name, info=info)
 
@@ -300,11 +299,6 @@ class TensorReader:
             f" bytes{model} (received {self.position} of {self.total} body bytes)",
             offset=self.position,
         )
-
-
-def _size(tensors: tuple[TensorInfo, ...], index: int) -> int:
-    """Body bytes of tensor ``index`` (0 past the last one)."""
-    return (tensors[index].binary_size or 0) if index < len(tensors) else 0
 
 
 def read_end(queue: ChunkQueue, position: int, length: int | None) -> MessageComplete | NeedData:

@@ -8,7 +8,7 @@ import pytest
 
 import binproto
 from binproto._compression import Inflater
-from binproto._readers import ChunkQueue, HeaderReader, TensorReader, read_end, tensor_checks
+from binproto._readers import ChunkQueue, HeaderReader, TensorReader, read_end
 
 from .helpers import make_body
 
@@ -63,7 +63,7 @@ def test_tensor_reader_emits_chunks_then_completion_then_none() -> None:
     body, hl = make_body(_bools(3), b"\x01\x00\x01")
     header = HeaderReader("request", hl, binproto.Limits()).read(_queued(body[:hl]))
     assert isinstance(header, binproto.InferenceHeader)
-    reader = TensorReader(header, tensor_checks(header, strict_bool=True))
+    reader = TensorReader(header, strict_bool=True)
     queue = _queued(body[hl : hl + 2], body[hl + 2 :])
     assert reader.region() == (0, 0, 3)
     first = reader.read(queue)
@@ -80,11 +80,11 @@ def test_tensor_reader_checks_bool_bytes() -> None:
     body, hl = make_body(_bools(2), b"\x01\x07")
     header = HeaderReader("request", hl, binproto.Limits()).read(_queued(body[:hl]))
     assert isinstance(header, binproto.InferenceHeader)
-    reader = TensorReader(header, tensor_checks(header, strict_bool=True))
+    reader = TensorReader(header, strict_bool=True)
     with pytest.raises(binproto.RemoteProtocolError) as err:
         reader.read(_queued(body[hl:]))
     assert err.value.offset == hl + 1
-    lenient = TensorReader(header, tensor_checks(header, strict_bool=False))
+    lenient = TensorReader(header, strict_bool=False)
     assert isinstance(lenient.read(_queued(body[hl:])), binproto.TensorChunk)
 
 
