@@ -984,7 +984,11 @@ class V2Server:
         if not self.compress_responses:
             return None
         # Accept-Encoding may be split over several header lines.
-        values = [v.decode("latin-1") for k, v in req.headers if k == b"accept-encoding"]
+        values = [
+            v.decode("latin-1")
+            for k, v in req.headers.raw_items()
+            if k.lower() == b"accept-encoding"
+        ]
         return binproto.preferred_encoding(", ".join(values))
 
     async def _send_compressed(

@@ -118,10 +118,9 @@ class ResponseFramer:
         self._http10 = request is None or request.http_version < b"1.1"
         self.keep_alive = request is not None and not self._http10
         if request is not None:
-            for name, value in request.headers:
-                if name == b"connection" and b"close" in value.lower().replace(b" ", b"").split(
-                    b","
-                ):
+            for name, value in request.headers.raw_items():
+                tokens = value.lower().replace(b" ", b"").split(b",")
+                if name.lower() == b"connection" and b"close" in tokens:
                     self.keep_alive = False
         self._length: int | None = None  # body bytes still due (Content-Length)
         self._chunked = False
@@ -211,7 +210,10 @@ def _headers(event: h11.Request | h11.Response) -> list[tuple[bytes, bytes]]:
 def fields_of(event: h11.Request | h11.Response | HeaderFields) -> HeaderFields:
     """The header fields of a message head, read once (see
     :class:`binproto.HeaderFields`); given fields are returned as they are."""
-    return event if isinstance(event, HeaderFields) else HeaderFields(event.headers)
+    if isinstance(event, HeaderFields):
+        return event
+    # raw_items() is a plain list; iterating h11's Headers goes item by item.
+    return HeaderFields(event.headers.raw_items())
 
 
 def remote_error(exc: h11.ProtocolError) -> RemoteProtocolError:
