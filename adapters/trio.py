@@ -34,9 +34,8 @@ Client::
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 try:
@@ -98,31 +97,34 @@ class TrioStream:
         self.stream = stream
         self.timeout = timeout
 
-    @contextlib.contextmanager
-    def _deadline(self) -> Iterator[None]:
-        # trio says TooSlowError; the ByteStream contract (and the server's
-        # 408) wants TimeoutError, as asyncio raises. No timeout: no deadline.
-        try:
-            with trio.fail_after(self.timeout if self.timeout is not None else math.inf):
-                yield
-        except trio.TooSlowError:
-            raise TimeoutError(f"no bytes from the peer within {self.timeout} s") from None
-        except trio.BrokenResourceError as exc:
-            # The peer reset or closed the connection: said as asyncio says it.
-            raise ConnectionResetError(f"the connection is broken: {exc}") from exc
+    async def _bounded(self, op: Callable[[], Awaitable[_T]]) -> _T:
+        """``await op()`` within :attr:`timeout`. Past it :class:`TimeoutError`
+        (trio would say TooSlowError; the ByteStream contract and the server's
+        408 want what asyncio raises); a broken connection is
+        :class:`ConnectionResetError`, as asyncio says it. One cancel scope per
+        wait, made directly: this runs for every read and write."""
+        timeout = self.timeout
+        deadline = math.inf if timeout is None else trio.current_time() + timeout
+        with trio.CancelScope(deadline=deadline):
+            try:
+                return await op()
+            except trio.BrokenResourceError as exc:
+                raise ConnectionResetError(f"the connection is broken: {exc}") from exc
+        # Only the scope's own deadline gets here (it caught its cancellation).
+        raise TimeoutError(f"no bytes from the peer within {timeout} s")
 
     async def receive_some(self, max_bytes: int) -> bytes:
         """Up to ``max_bytes`` bytes; ``b""`` at end of stream."""
-        with self._deadline():
-            data: bytes | bytearray = await self.stream.receive_some(max_bytes)
+        data = await self._bounded(lambda: self.stream.receive_some(max_bytes))
         return bytes(data)
 
     async def send_all(self, buffers: Sequence[Any]) -> None:
         """Write the buffers in order: small ones gathered into one send, big
         ones never joined (see :func:`~binproto.adapters._server.gather_small`)."""
+        send = self.stream.send_all
         for buf in gather_small(buffers):
-            with self._deadline():
-                await self.stream.send_all(as_byte_view(buf))
+            view = as_byte_view(buf)
+            await self._bounded(lambda: send(view))  # noqa: B023 (awaited at once)
 
     async def to_thread(self, fn: Callable[..., _T], *args: Any) -> _T:
         """Run ``fn(*args)`` in a worker thread and return its result (bodies
@@ -152,16 +154,17 @@ class TrioSocketStream(TrioStream):
         if not len(view):
             return 0
         sock = self.stream.socket
-        n = 0
-        with self._deadline():
+
+        async def recv_into() -> int:
             try:
                 # Waits for readability, then a non-blocking recv_into.
-                n = await sock.recv_into(view, len(view))
+                return await sock.recv_into(view, len(view))
             except OSError as exc:  # as trio.SocketStream.receive_some reports it
                 if sock.fileno() == -1:
                     raise trio.ClosedResourceError("the socket was closed") from None
                 raise trio.BrokenResourceError(*exc.args) from exc
-        return n
+
+        return await self._bounded(recv_into)
 
 
 def wrap(
