@@ -240,8 +240,14 @@ async def read_request(
     the header and the tensors by name.
     """
     assembler = TensorAssembler(destinations)
-    async for event in iter_events(scope, source, limits=limits, strict_bool=strict_bool):
-        assembler.feed(event)
+    try:
+        async for event in iter_events(scope, source, limits=limits, strict_bool=strict_bool):
+            assembler.feed(event)
+    except BaseException:
+        # The fault's traceback keeps this frame (and the parser may keep the
+        # fault, a cycle): drop the arrays now, not when the collector runs.
+        del assembler
+        raise
     return assembler.message()
 
 

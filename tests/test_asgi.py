@@ -4,6 +4,7 @@ under uvicorn called by the real tritonclient (sync and aio)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import gzip
 import itertools
 import json
@@ -11,6 +12,7 @@ import logging
 import socket
 import subprocess
 import sys
+import weakref
 from collections.abc import AsyncIterator, Iterator, MutableMapping
 from typing import Any
 
@@ -203,6 +205,37 @@ def test_fastapi_example_client_leaving_mid_body_is_a_quiet_close(
     asyncio.run(_example_app()(scope, receiver([data[:50]], disconnect=True), Recorder()))
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert [r.name for r in caplog.records if r.levelno == logging.INFO] == ["binproto.asgi"]
+
+
+def test_a_failed_read_lets_its_arrays_go_at_once() -> None:
+    # The body ends inside its second tensor, after the first is assembled:
+    # the fault (kept by the parser, in a cycle with its traceback) must not
+    # keep the first tensor's array until the garbage collector runs.
+    body = binproto.encode_request(
+        {"a": np.ones(1 << 16, dtype=np.float32), "b": np.ones(1 << 16, dtype=np.float32)}
+    )
+    data = bytes(body)
+    refs: list[weakref.ref[np.ndarray[Any, Any]]] = []
+
+    def destination(info: binproto.TensorInfo) -> np.ndarray[Any, Any]:
+        array: np.ndarray[Any, Any] = np.empty(info.shape, dtype=np.float32)
+        refs.append(weakref.ref(array))
+        return array
+
+    gc.disable()
+    try:
+        try:
+            asyncio.run(
+                asgi.read_request(
+                    scope_for(body.headers), receiver([data[:-100]]), destinations=destination
+                )
+            )
+        except binproto.RemoteProtocolError as exc:
+            assert "b" in str(exc) or exc.offset is not None
+        assert len(refs) == 2
+        assert refs[0]() is None and refs[1]() is None
+    finally:
+        gc.enable()
 
 
 def test_body_shorter_than_declared() -> None:
