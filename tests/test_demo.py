@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import subprocess
 import sys
 from typing import Any
@@ -77,7 +78,19 @@ def test_both_paths_echo_the_tensor_and_report(capsys: pytest.CaptureFixture[str
 @pytest.mark.skipif(_demo.peak_rss() is None, reason="needs /proc/<pid>/status")
 def test_streaming_path_keeps_less_in_memory() -> None:
     size = 48 * MiB
-    streaming, whole = _demo.run_demo(size, 256 * 1024)
+    # In a fresh process: in this one, memory earlier tests freed but kept
+    # resident would absorb the client's allocations and hide its peak.
+    code = (
+        "import json, sys\n"
+        "from binproto.cli._demo import run_demo\n"
+        f"results = run_demo({size}, 256 * 1024)\n"
+        "json.dump([[r.path, r.nbytes, r.client_peak, r.server_peak] for r in results], sys.stdout)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    streaming, whole = (
+        _demo.DemoResult(path, nbytes, 0.0, client, server)
+        for path, nbytes, client, server in json.loads(out.stdout)
+    )
     assert (streaming.path, whole.path) == ("streaming", "whole-body")
     assert streaming.nbytes == whole.nbytes == size
     for r in (streaming, whole):
