@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -22,8 +21,7 @@ Destinations = (
 )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DecodedMessage:
+class DecodedMessage(NamedTuple):
     """A complete request or response: its header and its tensors as arrays.
 
     ``tensors`` maps each tensor in the body or in JSON to an array; tensors in
@@ -31,8 +29,14 @@ class DecodedMessage:
     """
 
     header: InferenceHeader
-    tensors: dict[str, np.ndarray[Any, Any]] = field(repr=False)
+    tensors: dict[str, np.ndarray[Any, Any]]
     shared_memory: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:  # names, not arrays
+        return (
+            f"DecodedMessage(header={self.header!r}, tensors={list(self.tensors)!r},"
+            f" shared_memory={self.shared_memory!r})"
+        )
 
 
 _OBJECT = DTYPES["BYTES"]
@@ -99,10 +103,10 @@ class TensorAssembler:
     def feed(self, event: Event) -> None:
         """Take one event from the parser."""
         if type(event) is TensorChunk:
-            target = self._targets.get(event.index)
+            index, _, offset, data = event
+            target = self._targets.get(index)
             if target is None:
-                target = self._allocate(event.index)
-            data = event.data
+                target = self._allocate(index)
             n = len(data)
             # A writable chunk may be the target itself, filled by the caller's
             # recv_into (see target()); then there is nothing to copy. Only a
@@ -112,11 +116,11 @@ class TensorAssembler:
                 data.obj is target.obj
                 and not data.readonly
                 and n
-                and _address(data) == self._bases[event.index] + event.offset
+                and _address(data) == self._base(index) + offset
             ):
                 self.bytes_in_place += n
                 return
-            target[event.offset : event.offset + n] = data
+            target[offset : offset + n] = data
             self.bytes_copied += n
         elif type(event) is HeaderParsed:
             self.header = event.header
@@ -141,9 +145,9 @@ class TensorAssembler:
         if self.header is None:
             raise LocalProtocolError("TensorAssembler got a TensorChunk before HeaderParsed")
         info = self.header.tensors[index]
-        size = info.binary_size or 0
-        array = self._destination(info)
+        array = self._destination(info) if self._destinations is not None else None
         if array is None:
+            size = info.binary_size or 0
             try:
                 array = np.empty(size, dtype=np.uint8)
             except MemoryError:
@@ -155,11 +159,20 @@ class TensorAssembler:
                     offset=None,
                 ) from None
             self._own.add(index)
-        target = array.reshape(-1).view(np.uint8).data
+            target = array.data
+        else:
+            target = array.reshape(-1).view(np.uint8).data
         self._arrays[index] = array
         self._targets[index] = target
-        self._bases[index] = _address(target)
         return target
+
+    def _base(self, index: int) -> int:
+        """Address of the first byte of tensor ``index``'s target (looked up
+        once, when a chunk may be the target itself)."""
+        base = self._bases.get(index)
+        if base is None:
+            base = self._bases[index] = _address(self._targets[index])
+        return base
 
     def _destination(self, info: TensorInfo) -> np.ndarray[Any, Any] | None:
         dest = self._destinations
@@ -206,7 +219,7 @@ class TensorAssembler:
             self._allocate(index)  # zero-size tensors have no chunks
         array = self._arrays.pop(index)
         del self._targets[index]
-        del self._bases[index]
+        self._bases.pop(index, None)
         if index in self._own:
             self._own.discard(index)
             array = array_from_bytes(info, array)

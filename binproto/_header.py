@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -21,8 +20,7 @@ Kind = Literal["request", "response"]
 _U64 = 2**64
 
 
-@dataclass(frozen=True, slots=True)
-class RequestedOutput:
+class RequestedOutput(NamedTuple):
     """An entry of a request's ``outputs``: which output to return, and how.
 
     ``binary_data`` is the output's ``binary_data`` parameter (None when absent);
@@ -34,8 +32,7 @@ class RequestedOutput:
     parameters: Mapping[str, Any] | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TensorInfo:
+class TensorInfo(NamedTuple):
     """One input of a request or output of a response, as its header describes it.
 
     Attributes:
@@ -53,7 +50,8 @@ class TensorInfo:
             named by its parameters rather than in the body.
     """
 
-    index: int
+    # A field called index hides tuple.index, as a named tuple allows.
+    index: int  # type: ignore[assignment]
     name: str
     datatype: str
     shape: tuple[int, ...]
@@ -81,8 +79,7 @@ class TensorInfo:
         )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class InferenceHeader:
+class InferenceHeader(NamedTuple):
     """The validated JSON header of an inference request or response.
 
     Attributes:
@@ -103,8 +100,14 @@ class InferenceHeader:
     parameters: Mapping[str, Any]
     tensors: tuple[TensorInfo, ...]
     requested_outputs: tuple[RequestedOutput, ...] | None
-    raw: dict[str, Any] = field(repr=False)
+    raw: dict[str, Any]
     header_length: int
+
+    def __repr__(self) -> str:  # without ``raw``, which repeats the rest
+        return (
+            f"InferenceHeader(kind={self.kind!r}, id={self.id!r}, model_name={self.model_name!r},"
+            f" model_version={self.model_version!r}, tensors={list(self.tensors)!r})"
+        )
 
     @property
     def binary_data_output(self) -> bool | None:
@@ -132,11 +135,9 @@ def _fail(msg: str, status: int = 400) -> RemoteProtocolError:
 
 def _optional_str(obj: dict[str, Any], key: str) -> str | None:
     value = obj.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise _fail(f"Unable to parse '{key}': expected a string")
-    return value
+    if value is None or type(value) is str:
+        return value
+    raise _fail(f"Unable to parse '{key}': expected a string")
 
 
 def _parameters(obj: dict[str, Any], where: str) -> dict[str, Any]:
@@ -168,85 +169,86 @@ MAX_DIMS = _max_dims()
 _MAX_ARRAY_BYTES = 2**63 - 1
 
 
-def _shape(t: dict[str, Any], dt: DataType, label: str) -> tuple[int, ...]:
+def _shape(t: dict[str, Any], dt: DataType, role: str, name: str) -> tuple[int, ...]:
     shape = t.get("shape")
-    if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
-        raise _fail(f"Unable to parse 'shape' of {label}: expected a list of non-negative integers")
-    if len(shape) > MAX_DIMS:
-        raise _fail(
-            f"shape of {label} has {len(shape)} dimensions, more than the {MAX_DIMS} supported"
-        )
+    if type(shape) is not list or len(shape) > MAX_DIMS:
+        if type(shape) is list and all(_is_uint(d) for d in shape):
+            raise _fail(
+                f"shape of {role} '{name}' has {len(shape)} dimensions,"
+                f" more than the {MAX_DIMS} supported"
+            )
+        raise _bad_shape(role, name)
+    for d in shape:  # a few dimensions: a plain loop is the cheapest check
+        if type(d) is not int or not 0 <= d < _U64:
+            raise _bad_shape(role, name)
     # numpy must be able to describe the array even when it has no elements
     # (the size of a shape with elements is held to binary_data_size or data).
     if 0 in shape:
         span = math.prod(d for d in shape if d) * (dt.itemsize or dt.dtype.itemsize)
         if span > _MAX_ARRAY_BYTES:
-            raise _fail(f"shape {shape} of {label} is too large for an array of {dt.name}")
+            raise _fail(f"shape {shape} of {role} '{name}' is too large for an array of {dt.name}")
     return tuple(shape)
 
 
+def _bad_shape(role: str, name: str) -> RemoteProtocolError:
+    return _fail(
+        f"Unable to parse 'shape' of {role} '{name}': expected a list of non-negative integers"
+    )
+
+
 def _tensor(t: Any, index: int, role: str, limits: Limits, seen: set[str]) -> TensorInfo:
-    if not isinstance(t, dict):
+    if type(t) is not dict:
         raise _fail(f"Unable to parse '{role}s': element {index} is not an object")
     name = t.get("name")
-    if not isinstance(name, str):
+    if type(name) is not str:
         raise _fail(f"Unable to parse 'name' of {role} {index}")
-    label = f"{role} '{name}'"
     if name in seen:
         raise _fail(f"duplicate {role} name '{name}'")
     seen.add(name)
     datatype = t.get("datatype")
-    if not isinstance(datatype, str):
-        raise _fail(f"Unable to parse 'datatype' of {label}")
+    if type(datatype) is not str:
+        raise _fail(f"Unable to parse 'datatype' of {role} '{name}'")
     dt = DATATYPES.get(datatype)
     if dt is None:
-        raise _fail(f"invalid datatype '{datatype}' for {label}")
-    shape = _shape(t, dt, label)
-    params = _parameters(t, label)
+        raise _fail(f"invalid datatype '{datatype}' for {role} '{name}'")
+    shape = _shape(t, dt, role, name)
+    params = t.get("parameters")
+    if params is None:
+        params = {}
+    elif type(params) is not dict:
+        raise _fail(f"Unable to parse 'parameters' of {role} '{name}': expected an object")
     elements = math.prod(shape)
 
-    has_data = "data" in t
-    has_binary = "binary_data_size" in params
-    has_shm = "shared_memory_region" in params
-    if has_data + has_binary + has_shm != 1:
-        which = [
-            n
-            for n, on in (
-                ("'data'", has_data),
-                ("'binary_data_size'", has_binary),
-                ("'shared_memory_region'", has_shm),
-            )
-            if on
-        ]
-        but = " set " + " ".join(which) if which else " no field is set"
-        raise _fail(
-            f"{role.capitalize()} '{name}' must set only one of the following fields: 'data',"
-            " 'binary_data_size' in 'parameters', 'shared_memory_region' in 'parameters'."
-            f" But{but}"
-        )
+    size = params.get("binary_data_size")
+    if (size is not None or "binary_data_size" in params) + ("data" in t) + (
+        "shared_memory_region" in params
+    ) != 1:
+        raise _not_one_place(t, params, role, name)
 
-    binary_size: int | None = None
     array: np.ndarray[Any, Any] | None = None
-    if has_binary:
-        size = params["binary_data_size"]
+    data = t.get("data")
+    if size is not None or "binary_data_size" in params:
         if type(size) is not int or size < 0:
             raise _fail(
-                f"Unable to parse 'binary_data_size' of {label}: expected a non-negative integer"
+                f"Unable to parse 'binary_data_size' of {role} '{name}':"
+                " expected a non-negative integer"
             )
         limit = min(limits.max_tensor_bytes, _MAX_ARRAY_BYTES)  # numpy's bound, too
         if size > limit:
             raise _fail(
-                f"binary_data_size {size} of {label} exceeds the limit of {limit} bytes", 413
+                f"binary_data_size {size} of {role} '{name}' exceeds the limit of {limit} bytes",
+                413,
             )
-        _check_binary_size(dt, elements, size, label)
-        binary_size = nbytes = size
-    elif dt.itemsize is not None:
-        if has_data:
-            array = json_data_to_array(t["data"], dt, shape, label, elements)
+        _check_binary_size(dt, elements, size, role, name)
+        nbytes = size
+    elif "data" in t:
+        array = json_data_to_array(data, dt, shape, f"{role} '{name}'", elements)
+        if dt.itemsize is not None:
+            nbytes = elements * dt.itemsize
+        else:  # BYTES as JSON strings: the size their binary form would take
+            nbytes = 4 * array.size + sum(len(b) for b in array.flat)
+    elif dt.itemsize is not None:  # in shared memory
         nbytes = elements * dt.itemsize
-    elif has_data:  # BYTES as JSON strings: the size their binary form would take
-        array = json_data_to_array(t["data"], dt, shape, label, elements)
-        nbytes = 4 * array.size + sum(len(b) for b in array.flat)
     else:  # BYTES in shared memory: the size the region is said to hold
         shm_size = params.get("shared_memory_byte_size")
         nbytes = shm_size if type(shm_size) is int and shm_size >= 0 else 0
@@ -256,29 +258,50 @@ def _tensor(t: Any, index: int, role: str, limits: Limits, seen: set[str]) -> Te
         datatype=datatype,
         shape=shape,
         parameters=params,
-        binary_size=binary_size,
-        data=t["data"] if has_data else None,
+        binary_size=size,
+        data=data,
         nbytes=nbytes,
         array=array,
-        shared_memory=has_shm,
+        shared_memory="shared_memory_region" in params,
     )
 
 
-def _check_binary_size(dt: DataType, elements: int, size: int, label: str) -> None:
+def _not_one_place(
+    t: dict[str, Any], params: dict[str, Any], role: str, name: str
+) -> RemoteProtocolError:
+    which = [
+        field
+        for field, on in (
+            ("'data'", "data" in t),
+            ("'binary_data_size'", "binary_data_size" in params),
+            ("'shared_memory_region'", "shared_memory_region" in params),
+        )
+        if on
+    ]
+    but = " set " + " ".join(which) if which else " no field is set"
+    return _fail(
+        f"{role.capitalize()} '{name}' must set only one of the following fields: 'data',"
+        " 'binary_data_size' in 'parameters', 'shared_memory_region' in 'parameters'."
+        f" But{but}"
+    )
+
+
+def _check_binary_size(dt: DataType, elements: int, size: int, role: str, name: str) -> None:
     if dt.itemsize is not None:
-        expected = elements * dt.itemsize
-        if size != expected:
+        if size != elements * dt.itemsize:
             raise _fail(
-                f"unexpected total byte size {size} for {label}, expecting {expected}"
-                f" ({elements} {dt.name} elements)"
+                f"unexpected total byte size {size} for {role} '{name}', expecting"
+                f" {elements * dt.itemsize} ({elements} {dt.name} elements)"
             )
     elif size < 4 * elements:
         raise _fail(
-            f"unexpected total byte size {size} for {label}: {elements} BYTES elements"
+            f"unexpected total byte size {size} for {role} '{name}': {elements} BYTES elements"
             f" need at least {4 * elements} bytes for their length prefixes"
         )
     elif elements == 0 and size != 0:
-        raise _fail(f"unexpected total byte size {size} for {label}, expecting 0 (no elements)")
+        raise _fail(
+            f"unexpected total byte size {size} for {role} '{name}', expecting 0 (no elements)"
+        )
 
 
 def _requested_outputs(obj: dict[str, Any], limits: Limits) -> tuple[RequestedOutput, ...] | None:

@@ -14,7 +14,13 @@ import numpy as np
 import pytest
 
 import binproto
-from binproto import NEED_DATA, MessageComplete, RemoteProtocolError, TensorAssembler
+from binproto import (
+    NEED_DATA,
+    HeaderParsed,
+    MessageComplete,
+    RemoteProtocolError,
+    TensorAssembler,
+)
 from binproto.adapters._server import route
 from binproto.adapters.h11 import (
     PIECE,
@@ -89,7 +95,7 @@ def test_response_head_gives_a_response_parser() -> None:
     parser.receive_data(bytes(body))
     events = list(parser.events())
     assert type(events[-1]) is MessageComplete
-    assert events[0].header.model_name == "m"  # type: ignore[attr-defined]
+    assert type(events[0]) is HeaderParsed and events[0].header.model_name == "m"
 
 
 def test_plain_json_body_has_no_header_length() -> None:
