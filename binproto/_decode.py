@@ -13,9 +13,9 @@ from ._errors import RemoteProtocolError
 from ._events import HeaderParsed, TensorChunk, TensorComplete
 from ._header import InferenceHeader, Kind
 from ._limits import Limits
-from ._parser import DEFAULT_LIMITS, Parser, ParserState
+from ._parser import DEFAULT_LIMITS, Parser, ParserState, check_arguments
 from ._raw import TensorSpec
-from ._readers import tensor_check
+from ._readers import check_announced, check_lengths, parse_header, tensor_check
 from ._util import as_byte_view
 
 __all__ = ["DecodedMessage", "decode", "decode_request", "decode_response"]
@@ -33,56 +33,65 @@ def decode(
 ) -> DecodedMessage:
     """Decode a whole body. See :func:`decode_request`."""
     view = as_byte_view(body)
-    if (
-        header_length == 0
-        and kind == "request"
-        and isinstance(raw_input, TensorSpec)
-        and raw_input.needs_length
-        and content_encoding is not None
-    ):
+    check_arguments(kind, header_length, len(view), limits, raw_input)
+    limits = limits if limits is not None else DEFAULT_LIMITS
+    encoding = normalize_encoding(content_encoding)
+    raw = header_length == 0 and raw_input is not None
+    if encoding is None and not raw:
+        return _decode_plain(kind, view, header_length, limits, strict_bool)
+    if raw and encoding is not None and raw_input is not None and raw_input.needs_length:
         # The raw input's shape comes from the decompressed body's length,
         # which only decompressing tells: parse that as an uncompressed body.
-        encoding = normalize_encoding(content_encoding)
-        if encoding is not None:
-            view = memoryview(inflate_whole(view, encoding, limits or DEFAULT_LIMITS))
-            content_encoding = None
+        view = memoryview(inflate_whole(view, encoding, limits))
+        encoding = None
+    # A compressed or raw body: through the parser's events.
     parser = Parser(
         kind,
         header_length=header_length,
         content_length=len(view),
         limits=limits,
         strict_bool=strict_bool,
-        content_encoding=content_encoding,
+        content_encoding=encoding,
         raw_input=raw_input,
     )
     if len(view):  # an empty chunk would already mean the end
         parser.receive_data(view)
     parser.receive_data(b"")
-    if parser.content_encoding is not None:
+    if encoding is not None:
         return _decode_compressed(parser)
-    if header_length == 0 and raw_input is not None:
-        return _decode_events(parser)
-    return _decode_plain(parser, view, strict_bool)
+    return _decode_events(parser)
 
 
-def _decode_plain(parser: Parser, view: memoryview, strict_bool: bool) -> DecodedMessage:
+def _decode_plain(
+    kind: Kind, view: memoryview, header_length: int | None, limits: Limits, strict_bool: bool
+) -> DecodedMessage:
     """Decode an uncompressed body given whole: each binary tensor an array
     straight over its bytes in ``view``.
 
-    The parser has checked the header and the claimed sizes against the body
-    (``content_length`` is the body's length, so every tensor's bytes are
-    there and nothing follows them). What its tensor reader would still check
-    is checked here with the same checks (:func:`tensor_check`), each tensor
-    in one piece; a BYTES tensor's elements are collected by the same walk.
+    The checks are the parser's own, in its order: the lengths
+    (:func:`check_lengths`), the header (:func:`parse_header`), the body it
+    announces against the body's length (:func:`check_announced`: every
+    tensor's bytes are there and nothing follows them), then each tensor's
+    bytes, in one piece, by the check its tensor reader would make
+    (:func:`tensor_check`); a BYTES tensor's elements are collected by the
+    same walk.
     """
-    event = parser.next_event()
-    if type(event) is not HeaderParsed:  # pragma: no cover - the whole body was given
-        raise RemoteProtocolError("unexpected end of body", offset=parser.bytes_parsed)
-    header = event.header
+    length = len(view)
+    end = length if header_length is None else header_length
+    check_lengths(header_length, length, length, end, limits, raw=False)
+    header = parse_header(bytes(view[:end]), kind, limits)
+    offset = header.header_length
+    check_announced(
+        header,
+        offset + header.binary_size,
+        limits,
+        framed=header_length is not None,
+        body_length=length,
+        inflater=None,
+    )
     tensors: dict[str, np.ndarray[Any, Any]] = {}
     shared: list[str] = []
-    offset = header.header_length
-    role = "input" if header.kind == "request" else "output"
+    role = "input" if kind == "request" else "output"
     for info in header.tensors:
         size = info.binary_size
         if size is None:

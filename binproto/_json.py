@@ -36,25 +36,21 @@ _NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"[]{}')
 _QUICK_MAX = 1 << 16
 
 
-def _max_depth(raw: bytes, limit: int, skeleton: bytes | None = None) -> int:
+def _max_depth(raw: bytes, limit: int) -> int:
     """Deepest nesting of arrays and objects in ``raw`` (strings ignored).
 
     ``limit`` caps the rounds of the quick route; past it, the full scan
-    gives the exact depth for the error message. ``skeleton``, when given, is
-    ``raw.translate(_STRUCTURE, _NOT_STRUCTURE)``.
+    gives the exact depth for the error message.
     """
     if b"\\" in raw:
         # Escapes: blank every string token first, so an escaped quote cannot
         # be taken for a string's end.
         raw = _STRING.sub(b'""', raw)
-        skeleton = None
     # Quick route (C-speed bytes methods): keep quotes and brackets, drop the
     # strings, which are now "" unless they hold a bracket. Left with only
     # brackets, the depth is the number of rounds of deleting innermost "[]"
     # pairs (one replace() deletes one level: it does not rescan what it joins).
-    if skeleton is None:
-        skeleton = raw.translate(_STRUCTURE, _NOT_STRUCTURE)
-    skeleton = skeleton.replace(b'""', b"")
+    skeleton = raw.translate(_STRUCTURE, _NOT_STRUCTURE).replace(b'""', b"")
     if b'"' not in skeleton and len(skeleton) <= _QUICK_MAX:
         depth = 0
         while skeleton and depth <= limit:
@@ -171,10 +167,10 @@ def loads_header(raw: bytes, *, max_depth: int, kind: str = "request") -> Any:
     an object that repeats a key (JSON parsers disagree on which one counts), and
     a ``\\u`` escape of a lone surrogate (it is no Unicode character).
     """
-    # Count openers cheaply first: only a header with many brackets needs a scan.
-    skeleton = raw.translate(_STRUCTURE, _NOT_STRUCTURE)
-    if skeleton.count(b"[") > max_depth:
-        depth = _max_depth(raw, max_depth, skeleton)
+    # Count openers cheaply first (strings' brackets too, so never fewer than
+    # the nesting): only a header with many brackets needs a scan.
+    if raw.count(b"[") + raw.count(b"{") > max_depth:
+        depth = _max_depth(raw, max_depth)
         if depth > max_depth:
             raise RemoteProtocolError(
                 f"JSON nesting is {depth} deep, deeper than the limit of {max_depth}",

@@ -50,10 +50,17 @@ from ._events import NEED_DATA, Event, HeaderParsed, MessageComplete, NeedData
 from ._header import InferenceHeader, Kind
 from ._limits import Limits
 from ._raw import TensorSpec, raw_header
-from ._readers import ChunkQueue, HeaderReader, TensorReader, read_end
+from ._readers import (
+    ChunkQueue,
+    HeaderReader,
+    TensorReader,
+    check_announced,
+    check_lengths,
+    read_end,
+)
 from ._util import as_byte_view
 
-__all__ = ["DEFAULT_LIMITS", "Parser", "ParserState"]
+__all__ = ["DEFAULT_LIMITS", "Parser", "ParserState", "check_arguments"]
 
 #: The limits of a parser given none. Limits are frozen, so parsers share one
 #: (building and checking a Limits costs as much as a small body's decode).
@@ -70,9 +77,23 @@ class ParserState(enum.Enum):
     ERROR = "ERROR"  #: a protocol error was raised; every later call raises
 
 
-def _check_count(name: str, value: int | None) -> None:
-    if value is not None and (type(value) is not int or value < 0):
-        raise LocalProtocolError(f"{name} must be None or a non-negative int, got {value!r}")
+def check_arguments(
+    kind: str,
+    header_length: int | None,
+    content_length: int | None,
+    limits: Limits | None,
+    raw_input: TensorSpec | None,
+) -> None:
+    """Refuse arguments a parser (or a whole-body decode) cannot work with."""
+    if kind not in ("request", "response"):
+        raise LocalProtocolError(f"kind must be 'request' or 'response', got {kind!r}")
+    for name, value in (("header_length", header_length), ("content_length", content_length)):
+        if value is not None and (type(value) is not int or value < 0):
+            raise LocalProtocolError(f"{name} must be None or a non-negative int, got {value!r}")
+    if limits is not None and not isinstance(limits, Limits):
+        raise LocalProtocolError(f"limits must be a binproto.Limits, got {limits!r}")
+    if raw_input is not None and not isinstance(raw_input, TensorSpec):
+        raise LocalProtocolError(f"raw_input must be a TensorSpec, got {raw_input!r}")
 
 
 class Parser:
@@ -116,14 +137,7 @@ class Parser:
         content_encoding: str | None = None,
         raw_input: TensorSpec | None = None,
     ) -> None:
-        if kind not in ("request", "response"):
-            raise LocalProtocolError(f"kind must be 'request' or 'response', got {kind!r}")
-        _check_count("header_length", header_length)
-        _check_count("content_length", content_length)
-        if limits is not None and not isinstance(limits, Limits):
-            raise LocalProtocolError(f"limits must be a binproto.Limits, got {limits!r}")
-        if raw_input is not None and not isinstance(raw_input, TensorSpec):
-            raise LocalProtocolError(f"raw_input must be a TensorSpec, got {raw_input!r}")
+        check_arguments(kind, header_length, content_length, limits, raw_input)
         self.kind: Kind = kind
         self.header_length = header_length
         self.content_length = content_length
@@ -309,7 +323,15 @@ class Parser:
                 return NEED_DATA
             header = parsed
             tensors = TensorReader(header, self.strict_bool)
-        _check_body(self, header, tensors.total)
+        check_announced(
+            header,
+            tensors.total,
+            self.limits,
+            framed=self.header_length is not None,
+            body_length=self._body_length,
+            inflater=self._queue.source,
+            raw=self._raw_input is not None,
+        )
         self._header = header
         self._tensors = tensors
         self._enter(ParserState.TENSORS)
@@ -334,78 +356,13 @@ class Parser:
         """Check header_length and content_length before reading anything."""
         if self._deferred is not None:
             raise self._deferred
-        limits = self.limits
-        header_length = self.header_length
-        if self.content_length is not None and self.content_length > limits.max_body_bytes:
-            raise RemoteProtocolError(
-                f"Content-Length {self.content_length} exceeds the limit of"
-                f" {limits.max_body_bytes} bytes",
-                status_hint=413,
-                offset=0,
-            )
-        if header_length == 0 and self._raw_input is None:
-            raise RemoteProtocolError(
-                "raw binary requests (Inference-Header-Content-Length: 0) are not accepted here",
-                offset=0,
-            )
-        body_length = self._body_length
-        if header_length is not None and body_length is not None and header_length > body_length:
-            raise RemoteProtocolError(
-                f"inference header size should be in range (0, {body_length}),"
-                f" got: {header_length} (a header longer than the {body_length}-byte body,"
-                " which ends there)",
-                offset=body_length,
-            )
-        length = self._header_reader.length
-        if length is not None and length > limits.max_header_bytes:
-            raise RemoteProtocolError(
-                f"inference header size {length} exceeds the limit of"
-                f" {limits.max_header_bytes} bytes",
-                status_hint=413,
-                offset=0,
-            )
-
-
-def _check_body(parser: Parser, header: InferenceHeader, total: int) -> None:
-    """Check the body length a header announces (``total``) against the
-    parser's limits and the body's length, before any tensor byte is read."""
-    start = header.header_length
-    binary = total - start
-    limits = parser.limits
-    if total > limits.max_body_bytes:
-        raise RemoteProtocolError(
-            f"the body would be {total} bytes, over the limit of {limits.max_body_bytes} bytes",
-            status_hint=413,
-            offset=start,
-        )
-    if parser.header_length is None and binary:
-        raise RemoteProtocolError(
-            "must specify valid 'Inference-Header-Content-Length' in request header"
-            " and 'binary_data_size' when passing inputs in binary data format",
-            offset=start,
-        )
-    if parser._raw_input is not None:
-        return  # its header was made to fit the body's length
-    inflater = parser._queue.source
-    if inflater is not None and total > inflater.max_output:
-        raise RemoteProtocolError(
-            f"the header announces a body of {total} bytes, more than the"
-            f" {inflater.max_output} bytes the {inflater.encoding} body may expand to",
-            status_hint=413,
-            offset=start,
-        )
-    length = parser._body_length
-    if length is not None and total > length:
-        raise RemoteProtocolError(
-            f"the header announces {binary} bytes of binary data,"
-            f" more than the {length - start} left in the body (Content-Length {length})",
-            offset=start,
-        )
-    if length is not None and total < length:
-        raise RemoteProtocolError(
-            f"unexpected additional input data: the body has {length - total} bytes"
-            f" beyond the {binary} bytes of binary data announced",
-            offset=start,
+        check_lengths(
+            self.header_length,
+            self.content_length,
+            self._body_length,
+            self._header_reader.length,
+            self.limits,
+            raw=self._raw_input is not None,
         )
 
 

@@ -25,6 +25,9 @@ __all__ = [
     "HeaderReader",
     "TensorCheck",
     "TensorReader",
+    "check_announced",
+    "check_lengths",
+    "parse_header",
     "read_end",
     "tensor_check",
 ]
@@ -125,11 +128,14 @@ class HeaderReader:
         """The validated header, or NEED_DATA."""
         length = self.length
         limit = self.limits.max_header_bytes
+        want = length if length is not None else limit + 1
         buffer = self.buffer
-        while len(buffer) < (length if length is not None else limit + 1):
-            data = queue.take((length if length is not None else limit + 1) - len(buffer))
+        while len(buffer) < want:
+            data = queue.take(want - len(buffer))
             if data is None:
                 break
+            if not buffer and len(data) == length:  # the whole header at once
+                return parse_header(bytes(data), self.kind, self.limits)
             buffer += data
         if len(buffer) > limit:  # only reachable when the header's end is not known
             raise RemoteProtocolError(
@@ -152,8 +158,109 @@ class HeaderReader:
         raw = bytes(buffer)
         del buffer
         self.buffer = bytearray()  # the header's copy is all the parser keeps
-        obj = loads_header(raw, max_depth=self.limits.max_json_depth, kind=self.kind)
-        return build_header(obj, self.kind, self.limits, len(raw))
+        return parse_header(raw, self.kind, self.limits)
+
+
+def parse_header(raw: bytes, kind: Kind, limits: Limits) -> InferenceHeader:
+    """Decode and validate the JSON header ``raw`` (exactly its bytes)."""
+    obj = loads_header(raw, max_depth=limits.max_json_depth, kind=kind)
+    return build_header(obj, kind, limits, len(raw))
+
+
+def check_lengths(
+    header_length: int | None,
+    content_length: int | None,
+    body_length: int | None,
+    length: int | None,
+    limits: Limits,
+    *,
+    raw: bool,
+) -> None:
+    """Check the lengths a body comes with before reading any of it.
+
+    ``body_length`` is the (decompressed) body's length when known, ``length``
+    where the JSON header ends when known, ``raw`` whether a raw binary
+    request is accepted.
+    """
+    if content_length is not None and content_length > limits.max_body_bytes:
+        raise RemoteProtocolError(
+            f"Content-Length {content_length} exceeds the limit of {limits.max_body_bytes} bytes",
+            status_hint=413,
+            offset=0,
+        )
+    if header_length == 0 and not raw:
+        raise RemoteProtocolError(
+            "raw binary requests (Inference-Header-Content-Length: 0) are not accepted here",
+            offset=0,
+        )
+    if header_length is not None and body_length is not None and header_length > body_length:
+        raise RemoteProtocolError(
+            f"inference header size should be in range (0, {body_length}),"
+            f" got: {header_length} (a header longer than the {body_length}-byte body,"
+            " which ends there)",
+            offset=body_length,
+        )
+    if length is not None and length > limits.max_header_bytes:
+        raise RemoteProtocolError(
+            f"inference header size {length} exceeds the limit of {limits.max_header_bytes} bytes",
+            status_hint=413,
+            offset=0,
+        )
+
+
+def check_announced(
+    header: InferenceHeader,
+    total: int,
+    limits: Limits,
+    *,
+    framed: bool,
+    body_length: int | None,
+    inflater: Inflater | None,
+    raw: bool = False,
+) -> None:
+    """Check the body a header announces (``total`` bytes) against the limits
+    and the body's length (when known), before any tensor byte is read.
+
+    ``framed``: the body came with an Inference-Header-Content-Length (else
+    it is plain JSON and may hold no binary data); ``inflater``: the
+    decompressor of a compressed body; ``raw``: the header was made for a
+    raw binary request to fit the body's length.
+    """
+    start = header.header_length
+    binary = total - start
+    if total > limits.max_body_bytes:
+        raise RemoteProtocolError(
+            f"the body would be {total} bytes, over the limit of {limits.max_body_bytes} bytes",
+            status_hint=413,
+            offset=start,
+        )
+    if not framed and binary:
+        raise RemoteProtocolError(
+            "must specify valid 'Inference-Header-Content-Length' in request header"
+            " and 'binary_data_size' when passing inputs in binary data format",
+            offset=start,
+        )
+    if raw:
+        return
+    if inflater is not None and total > inflater.max_output:
+        raise RemoteProtocolError(
+            f"the header announces a body of {total} bytes, more than the"
+            f" {inflater.max_output} bytes the {inflater.encoding} body may expand to",
+            status_hint=413,
+            offset=start,
+        )
+    if body_length is not None and total > body_length:
+        raise RemoteProtocolError(
+            f"the header announces {binary} bytes of binary data,"
+            f" more than the {body_length - start} left in the body (Content-Length {body_length})",
+            offset=start,
+        )
+    if body_length is not None and total < body_length:
+        raise RemoteProtocolError(
+            f"unexpected additional input data: the body has {body_length - total} bytes"
+            f" beyond the {binary} bytes of binary data announced",
+            offset=start,
+        )
 
 
 class TensorCheck(Protocol):
