@@ -73,7 +73,7 @@ class ChunkQueue:
         """Up to ``most`` bytes from the front, as one view; None when no byte
         is queued (or can be decompressed yet). Never joins chunks."""
         chunks = self._chunks
-        if not chunks and not self._refill():
+        if not chunks and (self.source is None or not self._refill()):
             return None
         data = chunks.popleft()
         if len(data) > most:
@@ -379,7 +379,8 @@ class TensorReader:
                 self.check.feed(data, offset)
             self.offset = offset + len(data)
             self.remaining = remaining - len(data)
-            return TensorChunk(index=self.index, name=self.name, offset=offset, data=data)
+            # Positional: this is built once per chunk (index, name, offset, data).
+            return TensorChunk(self.index, self.name, offset, data)
         tensors = self.header.tensors
         index = self.index
         if index == len(tensors):

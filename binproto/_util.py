@@ -20,7 +20,7 @@ def as_byte_view(data: Any) -> memoryview:
     ``ml_dtypes.bfloat16``) is taken as its bytes too.
     """
     try:
-        mv = memoryview(data)
+        mv = data if type(data) is memoryview else memoryview(data)
     except TypeError:
         raise LocalProtocolError(
             f"expected a bytes-like object, got {type(data).__name__}"
