@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 
 import pytest
 
@@ -57,6 +58,23 @@ def test_header_reader_waits_for_the_whole_header() -> None:
     queue.append(memoryview(body[5:]))
     header = reader.read(queue)
     assert isinstance(header, binproto.InferenceHeader) and header.tensors[0].name == "x"
+
+
+def test_a_header_in_one_byte_chunks_is_appended_in_place() -> None:
+    id_ = "a" * (1 << 20)
+    header = json.dumps({"id": id_, "inputs": []}).encode()
+    reader = HeaderReader("request", len(header), binproto.Limits())
+    queue = ChunkQueue()
+    buffer = reader.buffer  # the one buffer the parser owns
+    view = memoryview(header)
+    for i in range(len(header) - 1):
+        queue.append(view[i : i + 1])
+        assert reader.read(queue) is binproto.NEED_DATA
+    # One byte per call, never re-copied into a new buffer.
+    assert reader.buffer is buffer and len(buffer) == len(header) - 1
+    queue.append(view[-1:])
+    parsed = reader.read(queue)
+    assert isinstance(parsed, binproto.InferenceHeader) and parsed.id == id_
 
 
 def test_tensor_reader_emits_chunks_then_completion_then_none() -> None:
