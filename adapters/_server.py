@@ -74,6 +74,7 @@ from .h11 import (
     header_rest,
     json_response,
     parser_for,
+    receive_target,
     remote_error,
     response_for,
     send_body,
@@ -573,10 +574,8 @@ class MessageBody:
             else:
                 event = parser.next_event()
             if event is NEED_DATA:
-                region = parser.next_tensor_region() if reader.in_place else None
-                if region is not None:
-                    index, offset, count = region
-                    view = asm.target(index)[offset : offset + count]
+                view = receive_target(parser, asm) if reader.in_place else None
+                if view is not None:
                     n = await reader.read_into(view)
                     self._fed += n
                     parser.receive_data(view[:n])

@@ -64,6 +64,7 @@ __all__ = [
     "parser_for",
     "receive_body_into",
     "receive_events",
+    "receive_target",
     "remote_error",
     "request_for",
     "response_for",
@@ -469,6 +470,21 @@ def header_rest(parser: Parser, fed: int) -> int:
     return hl - fed
 
 
+def receive_target(parser: Parser, assembler: binproto.TensorAssembler) -> memoryview | None:
+    """The tensor memory the next body bytes belong in, when they may be
+    received there directly (see :meth:`binproto.Parser.next_tensor_region`):
+    a view of the assembler's target for them, to ``recv_into`` and then
+    pass to ``parser.receive_data``. None when the next bytes are not tensor
+    bytes that can go in place: read them into any buffer, at most
+    :func:`header_rest` bytes. The one algorithm of every in-place reader
+    (this module's :func:`receive_body_into`, the servers' and clients')."""
+    region = parser.next_tensor_region()
+    if region is None:
+        return None
+    index, offset, count = region
+    return assembler.target(index)[offset : offset + count]
+
+
 def receive_body_into(
     sock: socket.socket,
     conn: h11.Connection,
@@ -554,10 +570,9 @@ def _receive_body_into(
     remaining = content_length - delivered
     scratch = bytearray(chunk_size)
     while remaining:
-        region = parser.next_tensor_region()
-        if region is not None:
-            index, offset, count = region
-            view = assembler.target(index)[offset : offset + min(count, remaining)]
+        target = receive_target(parser, assembler)
+        if target is not None:
+            view = target[:remaining]
         else:
             # Stop at the end of the JSON header, so tensor bytes go in place.
             size = min(chunk_size, remaining, header_rest(parser, content_length - remaining))
