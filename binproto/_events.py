@@ -87,6 +87,9 @@ class TensorComplete(NamedTuple):
 class MessageComplete(NamedTuple):
     """The body ended exactly where the header said it would."""
 
+    def __bool__(self) -> bool:  # an empty tuple would be false; every event is true
+        return True
+
 
 #: Any event the parser returns (``isinstance(x, Event)`` works with it).
 Event = HeaderParsed | TensorChunk | TensorComplete | MessageComplete

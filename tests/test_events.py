@@ -36,6 +36,7 @@ def test_every_event_of_a_body_is_an_event_and_reads_plainly() -> None:
         "HeaderParsed", "TensorChunk", "TensorComplete", "MessageComplete"
     ]  # fmt: skip
     assert all(isinstance(e, binproto.Event) for e in events)
+    assert all(events)  # MessageComplete has no fields, but is true like the others
     assert not isinstance(b"x", binproto.Event)
     assert [repr(e) for e in events] == [
         "HeaderParsed(kind='response', tensors=['x'])",
