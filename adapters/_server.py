@@ -278,12 +278,14 @@ async def write_compressed(stream: ByteStream, head: Any, batches: Iterator[list
 class BodyReader:
     """Reads one message body from a stream and an ``h11.Connection``.
 
-    ``read()`` returns the next piece of the body (empty at its end). Once h11
-    holds nothing more of a ``Content-Length`` body, the rest is read from the
-    stream directly (``direct``): h11 would copy every byte twice and has no way
-    to skip bytes it did not see, so a fresh ``h11.Connection`` serves the next
-    message. Then, with ``receive_in_place`` and a stream that has
-    ``receive_into``, ``read_into()`` receives into the caller's memory.
+    ``read()`` returns the next piece of the body (empty at its end). A
+    ``Content-Length`` body is read without h11 (``direct``): first the bytes
+    h11 received past the head, then the stream. h11 would turn every piece
+    into an event, copying it, and has no way to skip bytes it did not see,
+    so the next message starts a fresh ``h11.Connection`` with what was
+    received past this body (:meth:`rest`). Then, with ``receive_in_place``
+    and a stream that has ``receive_into``, ``read_into()`` receives into the
+    caller's memory. A chunked body goes through h11.
     """
 
     def __init__(
@@ -302,7 +304,11 @@ class BodyReader:
         self._conn = conn
         self._remaining = content_length
         self._receive_into = getattr(stream, "receive_into", None) if receive_in_place else None
-        self.direct = False  #: h11 is bypassed for the rest of the body
+        #: h11 is bypassed: the body has a Content-Length.
+        self.direct = content_length is not None
+        # What h11 received past the head, read before the stream.
+        self._pending, self._ended = conn.trailing_data if self.direct else (b"", False)
+        self._taken = 0  # bytes of _pending handed out
         # Streams that buffer ahead may prefer larger reads of the body.
         self._read_size: int = getattr(stream, "read_size", CHUNK)
         self.done = False  #: the whole body has been read
@@ -311,7 +317,15 @@ class BodyReader:
     @property
     def in_place(self) -> bool:
         """True when :meth:`read_into` may be used now."""
-        return self.direct and self._receive_into is not None
+        return self.direct and self._receive_into is not None and self._taken == len(self._pending)
+
+    def rest(self) -> tuple[bytes, bool]:
+        """What was received past the body (the start of the next message),
+        and whether the peer closed its side: ``h11.Connection.trailing_data``
+        for the body read around h11. Only meaningful once the body is done."""
+        if not self.direct:
+            return self._conn.trailing_data
+        return self._pending[self._taken :], self._ended
 
     @property
     def remaining(self) -> int | None:
@@ -324,9 +338,8 @@ class BodyReader:
         return not self.done and bool(self._conn.they_are_waiting_for_100_continue)
 
     async def read(self, max_bytes: int = 1 << 62) -> Any:
-        """The next piece of the body; ``b""`` at its end; None when nothing
-        was read but ``direct`` just became True (try ``read_into``).
-        ``max_bytes`` bounds what is read from the stream in direct mode.
+        """The next piece of the body; ``b""`` at its end. ``max_bytes``
+        bounds what is read in direct mode.
         After a fault, every call raises it again."""
         if self.failed is not None:
             raise self.failed
@@ -337,8 +350,9 @@ class BodyReader:
             raise
 
     async def _continue(self) -> None:
-        # A client that sent "Expect: 100-continue" waits for this before the body.
-        if self._conn.they_are_waiting_for_100_continue:
+        # A client that sent "Expect: 100-continue" waits for this before the
+        # body (unless some of it came anyway).
+        if self._conn.they_are_waiting_for_100_continue and not self._pending:
             await self._stream.send_all(
                 [self._conn.send(h11.InformationalResponse(status_code=100, headers=[]))]
             )
@@ -364,11 +378,6 @@ class BodyReader:
                 return b""
             if event is not h11.NEED_DATA:
                 raise RemoteProtocolError(f"unexpected HTTP event {type(event).__name__}")
-            if self._remaining is not None:
-                # h11 holds nothing more of a Content-Length body: read the
-                # rest from the stream without it (no copies through h11).
-                self.direct = True
-                return None
             data = await self._stream.receive_some(CHUNK)
             if not len(data):
                 raise self._closed()
@@ -377,8 +386,6 @@ class BodyReader:
     async def finish(self) -> None:
         """Read the end of the body (the parser found it complete)."""
         data = await self.read()
-        if data is None:
-            data = await self.read()
         if len(data):
             raise RemoteProtocolError("unexpected additional data after the end of the message")
 
@@ -388,6 +395,14 @@ class BodyReader:
         if not remaining:
             self.done = True
             return b""
+        pending = self._pending
+        if self._taken < len(pending):
+            start = self._taken
+            self._taken = min(len(pending), start + min(max_bytes, remaining))
+            self._remaining = remaining - (self._taken - start)
+            return memoryview(pending)[start : self._taken]
+        if self._ended:
+            raise self._closed()
         data = await self._stream.receive_some(min(max_bytes, remaining, self._read_size))
         if not len(data):
             raise self._closed()
@@ -497,9 +512,8 @@ class MessageBody:
                 await self._read_ahead()
                 continue
             data = await self._reader.read()
-            if data is not None:
-                self._fed += len(data)
-                parser.receive_data(data)
+            self._fed += len(data)
+            parser.receive_data(data)
 
     async def _read_ahead(self) -> None:
         """Give the parser the whole (small, compressed) body, keeping its
@@ -507,8 +521,6 @@ class MessageBody:
         self._ahead = False
         while True:
             data = await self._reader.read()
-            if data is None:
-                continue
             self._fed += len(data)
             self.parser.receive_data(data)
             if not len(data):
@@ -582,9 +594,8 @@ class MessageBody:
                 else:
                     # Stop at the end of the JSON header, so tensor bytes go in place.
                     data = await reader.read(header_rest(parser, self._fed))
-                    if data is not None:
-                        self._fed += len(data)
-                        parser.receive_data(data)
+                    self._fed += len(data)
+                    parser.receive_data(data)
                 continue
             if type(event) is HeaderParsed:
                 self.header = event.header
@@ -727,19 +738,25 @@ def route(method: str, target: str) -> Route:
     return Route("not_found")
 
 
-def _next_connection(conn: h11.Connection) -> h11.Connection:
-    """A fresh h11 connection for the next request on a stream, holding what
-    ``conn`` received past the last one. h11 only reads request heads (and
+def _next_connection(rest: tuple[bytes, bool]) -> h11.Connection:
+    """A fresh h11 connection for the next request on a stream, holding
+    ``rest``: what was received past the last request, and whether the peer
+    closed (:meth:`BodyReader.rest`). h11 only reads request heads (and
     chunked bodies) here: responses are framed by ResponseFramer, and a
-    ``Content-Length`` body may be read around h11 (see BodyReader), so
-    ``conn`` cannot start a next cycle itself."""
+    ``Content-Length`` body is read around h11 (see BodyReader), so the last
+    request's connection cannot start a next cycle itself."""
     fresh = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
-    data, closed = conn.trailing_data
+    data, closed = rest
     if data:
         fresh.receive_data(data)
     if closed:
         fresh.receive_data(b"")
     return fresh
+
+
+def _carry(keep: bool, reader: BodyReader) -> tuple[bytes, bool] | None:
+    """What the next request starts with, when the connection is kept."""
+    return reader.rest() if keep else None
 
 
 @dataclass
@@ -824,10 +841,10 @@ class V2Server:
                 request = await self._next_request(stream, conn, bounds)
                 if request is None:
                     return
-                keep = await self._respond(stream, conn, request, bounds)
-                if not keep:
+                rest = await self._respond(stream, conn, request, bounds)
+                if rest is None:
                     return
-                conn = _next_connection(conn)
+                conn = _next_connection(rest)
         except Exception:  # the peer went away, or a write failed: just close
             log.debug("connection closed on an error", exc_info=True)
         finally:
@@ -906,8 +923,10 @@ class V2Server:
 
     async def _respond(
         self, stream: ByteStream, conn: h11.Connection, req: h11.Request, timeouts: Timeouts
-    ) -> bool:
-        """Answer one request; True when the connection may serve another."""
+    ) -> tuple[bytes, bool] | None:
+        """Answer one request. When the connection may serve another: what
+        was received past this request, and whether the peer has closed its
+        side (see :meth:`BodyReader.rest`); else None."""
         framer = ResponseFramer(req)
         stream.timeout = timeouts.body
         try:
@@ -922,7 +941,7 @@ class V2Server:
         except RemoteProtocolError as exc:
             stream.timeout = timeouts.write
             await self._send_error_and_close(stream, framer, exc)
-            return False
+            return None
         target = req.target.decode("latin-1")
         r = route(req.method.decode("latin-1"), target)
         reader = BodyReader(stream, conn, length, receive_in_place=self.zero_copy)
@@ -935,11 +954,11 @@ class V2Server:
                 head: h11.Response
                 if isinstance(result, StreamingResponse):
                     await self._stream_response(stream, framer, result)
-                    return body.complete and framer.reusable
+                    return _carry(body.complete and framer.reusable, reader)
                 encoding = self._response_encoding(req)
                 if encoding is not None:
                     await self._send_compressed(stream, framer, result, encoding)
-                    return framer.reusable
+                    return _carry(framer.reusable, reader)
                 head = response_for(200, result)
                 pieces = [framer.send(head), *send_body(framer, result)]
             else:
@@ -952,31 +971,31 @@ class V2Server:
                 pieces.append(framer.send(h11.EndOfMessage()))
         except (ProtocolError, InferenceError) as exc:
             _release(exc, reader.failed)
-            return await self._error(stream, framer, exc, reader, timeouts)
+            return _carry(await self._error(stream, framer, exc, reader, timeouts), reader)
         except TimeoutError as exc:
             _release(exc, reader.failed)
             if framer.our_state is not h11.SEND_RESPONSE:
-                return False  # the peer stopped taking the response: close
+                return None  # the peer stopped taking the response: close
             # The body stalled: answer without waiting for it any more.
             reader.failed = RemoteProtocolError(
                 f"timed out waiting for the request body (no bytes within {timeouts.body} s)",
                 status_hint=408,
             )
-            return await self._error(stream, framer, reader.failed, reader, timeouts)
+            keep = await self._error(stream, framer, reader.failed, reader, timeouts)
+            return _carry(keep, reader)
         except (BrokenPipeError, ConnectionResetError) as exc:
             # The peer went away (reset mid-body, or closed while the response
             # was going out): nobody to answer, and not a fault of the server.
             log.info("connection lost while serving %s: %r", target, exc)
             _release(exc, reader.failed)
-            return False
+            return None
         except Exception as exc:  # a handler failed: the server's fault
             log.exception("error while serving %s", target)
             _release(exc, reader.failed)
-            return await self._error(
-                stream, framer, InferenceError(f"internal error: {exc}", 500), reader, timeouts
-            )
+            failure = InferenceError(f"internal error: {exc}", 500)
+            return _carry(await self._error(stream, framer, failure, reader, timeouts), reader)
         await stream.send_all([p for p in pieces if p])
-        return framer.reusable
+        return _carry(framer.reusable, reader)
 
     def _response_encoding(self, req: h11.Request) -> str | None:
         """The coding for an inference response to ``req``, or None."""
@@ -1002,8 +1021,6 @@ class V2Server:
         total = 0
         while True:
             data = await reader.read()
-            if data is None:
-                continue
             if not len(data):
                 return
             total += len(data)
@@ -1133,8 +1150,6 @@ class V2Server:
         try:
             while not reader.done:
                 data = await reader.read()
-                if data is None:
-                    continue
                 total += len(data)
                 if total > DISCARD_LIMIT:
                     return False

@@ -1556,3 +1556,46 @@ def test_reading_is_not_paused_per_request(monkeypatch: pytest.MonkeyPatch) -> N
     answers = asyncio.run(_keep_alive_round_trips(20, {"x": np.arange(16, dtype=np.int32)}))
     assert len(answers) == 20 and all(a.startswith(b"HTTP/1.1 200") for a in answers)
     assert pauses == []
+
+
+def test_a_content_length_body_is_read_around_h11(monkeypatch: pytest.MonkeyPatch) -> None:
+    # h11 reads each request head; turning the body into h11 Data events
+    # would copy it and run h11's state machine per piece, for nothing.
+    import h11
+
+    seen: list[str] = []
+    original = h11.Connection.next_event
+
+    def recording(self: h11.Connection) -> Any:
+        event = original(self)
+        seen.append(type(event).__name__)
+        return event
+
+    monkeypatch.setattr(h11.Connection, "next_event", recording)
+    x = np.arange(1024, dtype=np.float32)
+    answers = asyncio.run(_keep_alive_round_trips(3, {"x": x}))
+    assert len(answers) == 3 and all(a.endswith(x.tobytes()) for a in answers)
+    assert seen.count("Request") == 3
+    assert "Data" not in seen and "EndOfMessage" not in seen, seen
+
+
+def test_pipelined_requests_after_a_content_length_body_are_answered() -> None:
+    # The bytes received past one body start the next request.
+    async def main() -> list[bytes]:
+        srv = await start_server()
+        port = srv.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            xs = [np.full(n, n, dtype=np.int32) for n in (3, 1000, 5)]
+            writer.write(b"".join(_request_bytes({"x": x}) for x in xs))
+            answers = []
+            for _ in xs:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(re.search(rb"\ncontent-length: (\d+)", head.lower()).group(1))  # type: ignore[union-attr]
+                answers.append(await reader.readexactly(length))
+            return [a[-4:] for a in answers]
+        finally:
+            writer.close()
+            await close_server(srv)
+
+    assert asyncio.run(main()) == [np.int32(n).tobytes() for n in (3, 1000, 5)]
