@@ -77,7 +77,6 @@ from .h11 import (
     receive_target,
     remote_error,
     response_for,
-    send_body,
     send_compressed,
     send_data,
 )
@@ -959,8 +958,7 @@ class V2Server:
                 if encoding is not None:
                     await self._send_compressed(stream, framer, result, encoding)
                     return _carry(framer.reusable, reader)
-                head = response_for(200, result)
-                pieces = [framer.send(head), *send_body(framer, result)]
+                pieces = framer.send_response(200, result)
             else:
                 await self._drain_small(reader)
                 head, payload = self._get(r)

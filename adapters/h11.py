@@ -53,6 +53,7 @@ __all__ = [
     "HTTPError",
     "ResponseFramer",
     "Sender",
+    "body_pieces",
     "content_length_of",
     "error_message",
     "error_response",
@@ -144,19 +145,36 @@ class ResponseFramer:
         kind = type(event)
         if kind is h11.Response and self.our_state is h11.SEND_RESPONSE:
             assert isinstance(event, h11.Response)
-            return [self._head(event)]
+            return [self.send_head(event.status_code, event.headers.raw_items(), event.reason)]
         if kind is h11.Data and self.our_state is h11.SEND_BODY:
             assert isinstance(event, h11.Data)
             return self._data(event.data)
         if kind is h11.EndOfMessage and self.our_state is h11.SEND_BODY:
-            if self._length:
-                raise h11.LocalProtocolError("Too little data for declared Content-Length")
-            self.our_state = h11.DONE if self.keep_alive else h11.MUST_CLOSE
-            return [b"0\r\n\r\n"] if self._chunked else []
+            return self._end()
         raise h11.LocalProtocolError(f"can't send {kind.__name__} in state {self.our_state}")
 
-    def _head(self, response: h11.Response) -> bytes:
-        headers = [(name, value) for name, value in response.headers.raw_items()]
+    def send_response(
+        self, status: int, body: EncodedBody, headers: Iterable[tuple[str, str]] = ()
+    ) -> list[Any]:
+        """The pieces of a whole response carrying ``body`` (its framing headers
+        and ``headers`` in the head): what ``send_message(framer,
+        response_for(status, body, headers=headers), body)`` gives, without
+        building h11 events for headers binproto made itself."""
+        pairs = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in _header_list(body, headers)]
+        out: list[Any] = [self.send_head(status, pairs)]
+        for is_json, piece in body_pieces(body):
+            out.extend(self._data(bytes(piece) if is_json else piece))
+        out.extend(self._end())
+        return out
+
+    def send_head(
+        self, status: int, headers: Iterable[tuple[bytes, bytes]], reason: bytes = b""
+    ) -> bytes:
+        """The status line and header lines of the response (framing headers
+        added as h11 would). Raises ``h11.LocalProtocolError`` once a head was sent."""
+        if self.our_state is not h11.SEND_RESPONSE:
+            raise h11.LocalProtocolError(f"can't send Response in state {self.our_state}")
+        headers = list(headers)
         lowered = [name.lower() for name, _ in headers]
         if b"content-length" in lowered:
             self._length = (
@@ -172,10 +190,16 @@ class ResponseFramer:
         elif not self.keep_alive:
             headers.append(_CLOSE)
         self.our_state = h11.SEND_BODY
-        lines = [b"HTTP/1.1 %d %s\r\n" % (response.status_code, response.reason)]
+        lines = [b"HTTP/1.1 %d %s\r\n" % (status, reason)]
         lines.extend(b"%s: %s\r\n" % pair for pair in headers)
         lines.append(b"\r\n")
         return b"".join(lines)
+
+    def _end(self) -> list[bytes]:
+        if self._length:
+            raise h11.LocalProtocolError("Too little data for declared Content-Length")
+        self.our_state = h11.DONE if self.keep_alive else h11.MUST_CLOSE
+        return [b"0\r\n\r\n"] if self._chunked else []
 
     def _data(self, data: Any) -> list[Any]:
         n = len(data)
@@ -285,17 +309,29 @@ def _buffers(body: EncodedBody | Sequence[Any]) -> Sequence[Any]:
     return body.buffers if hasattr(body, "buffers") else body
 
 
+def body_pieces(body: EncodedBody | Sequence[Any]) -> Iterator[tuple[bool, memoryview]]:
+    """The byte views ``body`` goes out as, each with whether it is the JSON
+    header (the first buffer): every non-empty buffer, tensor buffers cut
+    into views of at most :data:`PIECE` bytes. Nothing is copied."""
+    for i, buf in enumerate(_buffers(body)):
+        view = as_byte_view(buf)
+        if i == 0:
+            if len(view):
+                yield True, view
+            continue
+        for start in range(0, len(view), PIECE):
+            yield False, view[start : start + PIECE]
+
+
 def send_data(conn: Sender, buf: Any) -> list[Any]:
     """The pieces to write for body bytes ``buf``, passed through, not copied.
 
     ``buf`` (any C-contiguous buffer) goes out as byte views of at most
     :data:`PIECE` bytes, plus whatever framing h11 adds (chunk headers).
     """
-    view = as_byte_view(buf)
     out: list[Any] = []
-    for start in range(0, len(view), PIECE):
+    for _, piece in body_pieces([b"", buf]):
         # h11 takes any object with a len() here and passes it through as is.
-        piece = view[start : start + PIECE]
         pieces = conn.send_with_data_passthrough(h11.Data(data=piece))  # type: ignore[arg-type]
         assert pieces is not None
         out.extend(pieces)
@@ -312,15 +348,13 @@ def send_body(conn: Sender, body: EncodedBody | Sequence[Any]) -> list[Any]:
     ``socket.sendmsg`` or one ``write`` each.
     """
     out: list[Any] = []
-    buffers = _buffers(body)
-    for i, buf in enumerate(buffers):
-        view = as_byte_view(buf)
-        if not len(view):
+    for is_json, piece in body_pieces(body):
+        if is_json:
+            out.append(conn.send(h11.Data(data=bytes(piece))))
             continue
-        if i == 0:
-            out.append(conn.send(h11.Data(data=bytes(view))))
-            continue
-        out.extend(send_data(conn, view))
+        pieces = conn.send_with_data_passthrough(h11.Data(data=piece))  # type: ignore[arg-type]
+        assert pieces is not None
+        out.extend(pieces)
     tail = conn.send(h11.EndOfMessage())
     if tail:
         out.append(tail)

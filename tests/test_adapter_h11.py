@@ -463,3 +463,20 @@ def test_a_refused_head_is_answered_and_closed() -> None:
     framer.send(h11.EndOfMessage())
     assert head is not None and head.endswith(b"Connection: close\r\n\r\n")
     assert not framer.reusable
+
+
+@pytest.mark.parametrize("request_head", _HEADS)
+def test_a_whole_response_is_framed_as_h11_frames_its_events(request_head: str) -> None:
+    # send_response makes no h11 events; the bytes and the state must not differ.
+    big = np.arange(PIECE // 4 + 7, dtype=np.float32)  # more than one piece
+    for tensors in ({"y": np.arange(4, dtype=np.int32)}, {"y": big}, {"s": [b"a", b"bc"]}):
+        body = binproto.encode_response(tensors, model_name="m")
+        conn, request = _served(_HEADS[request_head])
+        framer = ResponseFramer(request)
+        ours = framer.send_response(200, body, headers=[("X-Extra", "1")])
+        theirs = send_message(conn, response_for(200, body, headers=[("X-Extra", "1")]), body)
+        assert b"".join(bytes(p) for p in ours) == b"".join(bytes(p) for p in theirs)
+        assert [len(p) for p in ours if len(p)] == [len(p) for p in theirs if len(p)]
+        assert framer.our_state is conn.our_state
+        with pytest.raises(h11.LocalProtocolError):
+            framer.send_response(200, body)  # one response per request
