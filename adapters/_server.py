@@ -93,7 +93,6 @@ __all__ = [
     "Timeouts",
     "V2Server",
     "echo_model",
-    "gather_small",
     "route",
 ]
 
@@ -113,38 +112,6 @@ THREAD_HEADER = 1 << 20
 #: A gzip request body up to this long (compressed) is read whole before it is
 #: parsed, so its trailer's size is checked against the header's claims first.
 GZIP_AHEAD = 16 << 20
-#: Buffers smaller than this are joined with their neighbours before a write.
-GATHER_BELOW = 1 << 16
-
-
-def gather_small(buffers: Sequence[Any]) -> list[Any]:
-    """``buffers`` with each run of small ones joined into one.
-
-    A small response (head, JSON, a few KiB of tensor) then leaves in one write
-    and one segment instead of one system call per piece; a buffer of
-    :data:`GATHER_BELOW` bytes or more is passed on as it is, never copied.
-    """
-    out: list[Any] = []
-    run: list[Any] = []
-    size = 0
-    for buf in buffers:
-        n = buf.nbytes if isinstance(buf, (memoryview, np.ndarray)) else len(buf)
-        if not n:
-            continue
-        if n >= GATHER_BELOW:
-            if run:
-                out.append(run[0] if len(run) == 1 else b"".join(run))
-                run, size = [], 0
-            out.append(buf)
-            continue
-        run.append(buf)
-        size += n
-        if size >= GATHER_BELOW:
-            out.append(b"".join(run))
-            run, size = [], 0
-    if run:
-        out.append(run[0] if len(run) == 1 else b"".join(run))
-    return out
 
 
 class ByteStream(Protocol):

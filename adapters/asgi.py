@@ -56,8 +56,9 @@ from binproto import (
 )
 from binproto._assemble import Destinations
 from binproto._compression import ENCODINGS, compress_buffers, normalize_encoding
+from binproto._decode import decode
 from binproto._http import error_text
-from binproto._util import as_byte_view
+from binproto._util import as_byte_view, gather_small
 
 if TYPE_CHECKING:
     from starlette.background import BackgroundTask
@@ -159,19 +160,55 @@ async def body_chunks(receive: Receive) -> AsyncIterator[bytes]:
     first is a :class:`ClientDisconnected` (a :class:`binproto.RemoteProtocolError`):
     the body is incomplete.
     """
-    received = 0
-    while True:
-        message = await receive()
+    async for chunk in _Chunks(receive):
+        yield chunk
+
+
+class _Chunks:
+    """The body's non-empty chunks from the ASGI ``receive`` callable or an
+    async iterable of bytes; a client that leaves first is a
+    :class:`ClientDisconnected`, whichever way the source says so.
+
+    An iterator class, not an async generator: one left unfinished (a body
+    taken whole from its first message) would be closed by a task the event
+    loop starts for it, at a cost per request.
+    """
+
+    def __init__(self, source: BodySource) -> None:
+        self._receive = source if callable(source) else None
+        self._chunks = None if callable(source) else aiter(source)
+        self._received = 0
+        self._done = False
+
+    def __aiter__(self) -> _Chunks:
+        return self
+
+    async def __anext__(self) -> Any:
+        while not self._done:
+            chunk = await self._next()
+            if len(chunk):  # Starlette's stream() ends with b"": not the end mark.
+                self._received += len(chunk)
+                return chunk
+        raise StopAsyncIteration
+
+    async def _next(self) -> Any:
+        if self._chunks is not None:
+            try:
+                return await anext(self._chunks)
+            except StopAsyncIteration:
+                self._done = True
+                return b""
+            except _StarletteDisconnect:
+                raise _disconnected(self._received) from None
+        assert self._receive is not None
+        message = await self._receive()
         kind = message.get("type")
-        if kind == "http.request":
-            body = message.get("body", b"")
-            if body:
-                received += len(body)
-                yield body
-            if not message.get("more_body", False):
-                return
-        elif kind == "http.disconnect":
-            raise _disconnected(received)
+        if kind == "http.disconnect":
+            raise _disconnected(self._received)
+        if kind != "http.request":
+            return b""
+        self._done = not message.get("more_body", False)
+        return message.get("body", b"")
 
 
 async def iter_events(
@@ -196,30 +233,30 @@ async def iter_events(
     """
     if parser is None:
         parser = parser_from_scope(scope, limits=limits, strict_bool=strict_bool)
+    async for events in _event_batches(parser, source):
+        for event in events:
+            yield event
+
+
+async def _event_batches(
+    parser: Parser, source: BodySource, chunks: AsyncIterator[Any] | None = None
+) -> AsyncIterator[list[Event]]:
+    """The events of the body, a list per received chunk (one step of this
+    async generator per chunk, not per event: each step costs microseconds).
+    ``chunks``: the body's chunks (:class:`_Chunks`), when some were taken
+    (and given to the parser) already."""
     # The claims of the HTTP head (lengths against the limits, the coding) are
     # checked before the first receive: a server answers "Expect:
     # 100-continue" on that call, which would invite a body already refused.
     if parser.state is ParserState.HEADER:
-        for event in parser.events():
-            yield event
-    chunks = aiter(body_chunks(source) if callable(source) else source)
-    received = 0
-    while True:
-        try:
-            chunk = await anext(chunks)
-        except StopAsyncIteration:
-            break
-        except _StarletteDisconnect:
-            raise _disconnected(received) from None
-        if not len(chunk):
-            continue  # Starlette's stream() ends with b"": not the end mark.
-        received += len(chunk)
+        yield list(parser.events())
+    if chunks is None:
+        chunks = _Chunks(source)
+    async for chunk in chunks:
         parser.receive_data(chunk)
-        for event in parser.events():
-            yield event
+        yield list(parser.events())
     parser.receive_data(b"")
-    for event in parser.events():
-        yield event
+    yield list(parser.events())
     if parser.state is not ParserState.DONE:  # pragma: no cover - the parser raises first
         raise RemoteProtocolError("the body ended early", offset=parser.bytes_parsed)
 
@@ -236,13 +273,43 @@ async def read_request(
 
     Each binary tensor's bytes are copied once, from the received chunks into
     the tensor's own memory (or into ``destinations``, as with
-    :class:`binproto.TensorAssembler`); the body is never held whole. Returns
-    the header and the tensors by name.
+    :class:`binproto.TensorAssembler`); the body is never held whole beyond
+    what arrived at once. Returns the header and the tensors by name.
+
+    A body that arrives in one message (most small requests) is copied once,
+    whole, and decoded as a whole body (:func:`binproto.decode_request`: the
+    parser's checks without its per-event work), its tensors arrays over that
+    copy; without ``destinations`` only.
     """
+    parser = parser_from_scope(scope, limits=limits, strict_bool=strict_bool)
+    # The head's claims are checked before the first receive (see iter_events).
+    early = list(parser.events())
+    chunks = _Chunks(source)
+    first = await anext(chunks, None)
+    if (
+        first is not None
+        and len(first) == parser.content_length
+        and not early
+        and destinations is None
+    ):
+        return decode(
+            "request",
+            bytearray(first),  # writable arrays of their own, as the assembler's
+            header_length=parser.header_length,
+            limits=parser.limits,
+            strict_bool=strict_bool,
+            content_encoding=parser.content_encoding,
+        )
     assembler = TensorAssembler(destinations)
+    for event in early:
+        assembler.feed(event)
+    if first is not None:
+        parser.receive_data(first)
     try:
-        async for event in iter_events(scope, source, limits=limits, strict_bool=strict_bool):
-            assembler.feed(event)
+        async for events in _event_batches(parser, source, chunks):
+            for event in events:
+                assembler.feed(event)
+            del events  # views of the chunk: not kept past it
     except BaseException:
         # The fault's traceback keeps this frame (and the parser may keep the
         # fault, a cycle): drop the arrays now, not when the collector runs.
@@ -281,18 +348,24 @@ async def send_buffers(
     headers: Iterable[tuple[Any, Any]] = (),
     chunk_size: int = CHUNK_SIZE,
 ) -> None:
-    """Send a whole response: its start, then each buffer as its own body message.
+    """Send a whole response: its start, then its body in few messages.
 
     ``headers`` should include the framing (``Content-Length``; without it the
-    server frames the body, chunked for HTTP/1.1); the buffers are
-    sent as byte views of the caller's memory (views of at most ``chunk_size``
-    bytes), never joined.
+    server frames the body, chunked for HTTP/1.1). A buffer of 64 KiB or
+    more is sent as byte views of the caller's memory (of at most
+    ``chunk_size`` bytes), never joined or copied; runs of smaller buffers
+    (the JSON header, small tensors) are joined into one message, as each
+    message costs the server a write. The last message ends the body.
+    ``buffers`` may be lazy (a compressor's output): it is read as it is sent.
     """
     await send({"type": "http.response.start", "status": status, "headers": _raw_headers(headers)})
-    for buffer in buffers:
-        for piece in _pieces(buffer, chunk_size):
-            await send({"type": "http.response.body", "body": piece, "more_body": True})
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    pieces = (piece for buffer in buffers for piece in _pieces(buffer, chunk_size))
+    held: Any = b""
+    for piece in gather_small(pieces):
+        if len(held):
+            await send({"type": "http.response.body", "body": held, "more_body": True})
+        held = piece
+    await send({"type": "http.response.body", "body": held, "more_body": False})
 
 
 class BufferResponse(_ResponseBase):

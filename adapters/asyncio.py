@@ -45,6 +45,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from binproto import Limits
+from binproto._util import gather_small
 
 from ._client import CLIENT_TIMEOUT, ClientCore, ResponseStream
 
@@ -57,7 +58,6 @@ from ._server import (
     Timeouts,
     V2Server,
     echo_model,
-    gather_small,
 )
 
 __all__ = [

@@ -46,7 +46,7 @@ except ModuleNotFoundError as exc:  # an optional dependency: say which extra br
     raise missing_extra(exc, "trio") from None
 
 from binproto import Limits
-from binproto._util import as_byte_view
+from binproto._util import as_byte_view, gather_small
 
 from ._client import CLIENT_TIMEOUT, ClientCore, ResponseStream
 
@@ -59,7 +59,6 @@ from ._server import (
     Timeouts,
     V2Server,
     echo_model,
-    gather_small,
 )
 
 __all__ = [
@@ -120,7 +119,7 @@ class TrioStream:
 
     async def send_all(self, buffers: Sequence[Any]) -> None:
         """Write the buffers in order: small ones gathered into one send, big
-        ones never joined (see :func:`~binproto.adapters._server.gather_small`)."""
+        ones never joined (see :func:`binproto._util.gather_small`)."""
         send = self.stream.send_all
         for buf in gather_small(buffers):
             view = as_byte_view(buf)

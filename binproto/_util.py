@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 
 from ._errors import LocalProtocolError, RemoteProtocolError
 
-__all__ = ["as_byte_view", "check_bool"]
+__all__ = ["GATHER_BELOW", "as_byte_view", "check_bool", "gather_small"]
 
 _NOT_CONTIGUOUS = "buffers passed to binproto must be C-contiguous"
 
@@ -61,3 +62,37 @@ def check_bool(data: memoryview, label: str, offset: int) -> None:
             f"invalid BOOL value {int(values[bad])} for {label}: expecting 0 or 1",
             offset=offset + bad,
         )
+
+
+#: Buffers smaller than this are joined with their neighbours before a write.
+GATHER_BELOW = 1 << 16
+
+
+def gather_small(buffers: Iterable[Any]) -> Iterator[Any]:
+    """``buffers`` with each run of small ones joined into one, lazily.
+
+    A small message (head, JSON, a few KiB of tensor) then leaves in one write
+    (or one ASGI message) instead of one per piece; a buffer of
+    :data:`GATHER_BELOW` bytes or more is passed on as it is, never copied,
+    and a run is never longer than that, so a lazy source (a compressor) is
+    never held whole. Empty buffers are dropped.
+    """
+    run: list[Any] = []
+    size = 0
+    for buf in buffers:
+        n = buf.nbytes if isinstance(buf, (memoryview, np.ndarray)) else len(buf)
+        if not n:
+            continue
+        if n >= GATHER_BELOW:
+            if run:
+                yield run[0] if len(run) == 1 else b"".join(run)
+                run, size = [], 0
+            yield buf
+            continue
+        run.append(buf)
+        size += n
+        if size >= GATHER_BELOW:
+            yield b"".join(run)
+            run, size = [], 0
+    if run:
+        yield run[0] if len(run) == 1 else b"".join(run)

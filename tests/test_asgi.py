@@ -103,6 +103,54 @@ def test_read_request_hypothesis_splits(cuts: list[int]) -> None:
     check_decoded(msg)
 
 
+def test_a_body_in_one_message_is_decoded_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Most small requests arrive in one message: decoded as a whole body (the
+    # parser's checks without its per-event work), into writable arrays of
+    # their own, as the assembler would give.
+    body, data = encoded()
+    assembled = asyncio.run(
+        asgi.read_request(scope_for(body.headers), receiver(split_at(data, 64)))
+    )
+
+    def no_assembler(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the body went through the events")
+
+    monkeypatch.setattr(asgi, "TensorAssembler", no_assembler)
+    msg = asyncio.run(asgi.read_request(scope_for(body.headers), receiver([data])))
+    check_decoded(msg)
+    assert msg.header == assembled.header
+    for arr in msg.tensors.values():
+        if arr.dtype != object:
+            assert arr.flags.writeable and not np.shares_memory(arr, np.frombuffer(data, np.uint8))
+    # In pieces, or with destinations, the events are read as they come.
+    with pytest.raises(AssertionError, match="through the events"):
+        asyncio.run(asgi.read_request(scope_for(body.headers), receiver(split_at(data, 64))))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda d: d[:50] + b"!" + d[51:],  # the JSON
+        lambda d: d.replace(b"\x01\x00\x01", b"\x01\x07\x01", 1),  # a BOOL byte
+        lambda d: d.replace(b'"BOOL"', b'"BOOX"'),
+    ],
+)
+def test_a_bad_body_in_one_message_fails_as_in_pieces(damage: Any) -> None:
+    body, data = encoded()
+    bad = damage(data)
+    assert bad != data and len(bad) == len(data)
+
+    def outcome(chunks: list[bytes]) -> Any:
+        try:
+            asyncio.run(asgi.read_request(scope_for(body.headers), receiver(chunks)))
+        except binproto.RemoteProtocolError as exc:
+            return (exc.msg, exc.status_hint, exc.offset)
+        return None
+
+    whole = outcome([bad])
+    assert whole is not None and whole == outcome(split_at(bad, 7))
+
+
 def test_iter_events_same_as_parser() -> None:
     body, data = encoded()
 
@@ -327,8 +375,8 @@ async def _no_receive() -> dict[str, Any]:  # pragma: no cover - never called
     raise AssertionError("a response does not read the request")
 
 
-def test_encoded_response_sends_each_buffer_unjoined() -> None:
-    a = np.arange(1000, dtype=np.float32)
+def test_encoded_response_sends_big_buffers_unjoined_and_gathers_small_ones() -> None:
+    a = np.arange(20000, dtype=np.float32)  # 80 KB: its own message, never copied
     b = np.arange(10, dtype=np.int64)
     body = binproto.encode_response({"a": a, "b": b}, model_name="m")
     rec = Recorder()
@@ -342,16 +390,24 @@ def test_encoded_response_sends_each_buffer_unjoined() -> None:
     assert headers["content-type"] == "application/octet-stream"
     assert headers["x-extra"] == "1"
     bodies = rec.bodies
-    # The JSON header, each tensor, then the end of the body.
-    assert len(bodies) == 4
+    # The JSON header, the big tensor, then the small one ending the body:
+    # each message costs the server a write, so no empty last message.
+    assert [len(b) for b in bodies] == [body.header_length, a.nbytes, b.nbytes]
     assert all(m["more_body"] for m in rec.messages[1:-1])
-    assert rec.messages[-1]["more_body"] is False and bodies[-1] == b""
-    # The tensor messages are the arrays' own memory.
+    assert rec.messages[-1]["more_body"] is False
+    # The big tensor's message is the array's own memory.
     assert np.shares_memory(np.frombuffer(bodies[1], dtype=np.uint8), a)
-    assert np.shares_memory(np.frombuffer(bodies[2], dtype=np.uint8), b)
     assert rec.body() == bytes(body)
     decoded = binproto.decode_response(rec.body(), header_length=body.header_length)
     assert decoded.tensors["a"].tolist() == a.tolist()
+
+
+def test_a_small_response_is_one_body_message() -> None:
+    body = binproto.encode_response({"x": np.arange(1024, dtype=np.float32)}, model_name="m")
+    rec = Recorder()
+    asyncio.run(asgi.EncodedResponse(body)({"type": "http"}, _no_receive, rec))
+    assert len(rec.bodies) == 1 and rec.messages[-1]["more_body"] is False
+    assert rec.body() == bytes(body)
 
 
 def test_large_buffer_is_sent_as_bounded_views() -> None:
@@ -360,8 +416,8 @@ def test_large_buffer_is_sent_as_bounded_views() -> None:
     rec = Recorder()
     asyncio.run(asgi.EncodedResponse(body, chunk_size=MiB)({"type": "http"}, _no_receive, rec))
     sizes = [len(b) for b in rec.bodies]
-    assert sizes[1:-1] == [MiB, MiB, MiB, 20]
-    for piece in rec.bodies[1:-1]:
+    assert sizes[1:] == [MiB, MiB, MiB, 20]  # the last ends the body
+    for piece in rec.bodies[1:]:
         assert np.shares_memory(np.frombuffer(piece, dtype=np.uint8), a)
     assert rec.body() == bytes(body)
 
