@@ -162,8 +162,8 @@ class ResponseFramer:
         building h11 events for headers binproto made itself."""
         pairs = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in _header_list(body, headers)]
         out: list[Any] = [self.send_head(status, pairs)]
-        for is_json, piece in body_pieces(body):
-            out.extend(self._data(bytes(piece) if is_json else piece))
+        for piece in body_pieces(body):
+            out.extend(self._data(piece))
         out.extend(self._end())
         return out
 
@@ -309,18 +309,14 @@ def _buffers(body: EncodedBody | Sequence[Any]) -> Sequence[Any]:
     return body.buffers if hasattr(body, "buffers") else body
 
 
-def body_pieces(body: EncodedBody | Sequence[Any]) -> Iterator[tuple[bool, memoryview]]:
-    """The byte views ``body`` goes out as, each with whether it is the JSON
-    header (the first buffer): every non-empty buffer, tensor buffers cut
-    into views of at most :data:`PIECE` bytes. Nothing is copied."""
-    for i, buf in enumerate(_buffers(body)):
+def body_pieces(body: EncodedBody | Sequence[Any]) -> Iterator[memoryview]:
+    """The byte views ``body`` goes out as: each non-empty buffer (the JSON
+    header included, which may be large), cut into views of at most
+    :data:`PIECE` bytes. Nothing is copied."""
+    for buf in _buffers(body):
         view = as_byte_view(buf)
-        if i == 0:
-            if len(view):
-                yield True, view
-            continue
         for start in range(0, len(view), PIECE):
-            yield False, view[start : start + PIECE]
+            yield view[start : start + PIECE]
 
 
 def send_data(conn: Sender, buf: Any) -> list[Any]:
@@ -330,7 +326,7 @@ def send_data(conn: Sender, buf: Any) -> list[Any]:
     :data:`PIECE` bytes, plus whatever framing h11 adds (chunk headers).
     """
     out: list[Any] = []
-    for _, piece in body_pieces([b"", buf]):
+    for piece in body_pieces([buf]):
         # h11 takes any object with a len() here and passes it through as is.
         pieces = conn.send_with_data_passthrough(h11.Data(data=piece))  # type: ignore[arg-type]
         assert pieces is not None
@@ -341,17 +337,14 @@ def send_data(conn: Sender, buf: Any) -> list[Any]:
 def send_body(conn: Sender, body: EncodedBody | Sequence[Any]) -> list[Any]:
     """The pieces to write for the body ``body`` (a head has been sent).
 
-    The first buffer (the JSON header) goes through ``conn.send``; every tensor
-    buffer through ``conn.send_with_data_passthrough``, so the list holds the
-    tensor memory itself (as byte views of at most :data:`PIECE` bytes), never a
-    copy. Ends the message. Write the pieces in order, e.g. with
-    ``socket.sendmsg`` or one ``write`` each.
+    Every buffer goes through ``conn.send_with_data_passthrough``, so the
+    list holds the body's memory itself (as byte views of at most
+    :data:`PIECE` bytes: :func:`body_pieces`), never a copy. Ends the
+    message. Write the pieces in order, e.g. with ``socket.sendmsg`` or one
+    ``write`` each.
     """
     out: list[Any] = []
-    for is_json, piece in body_pieces(body):
-        if is_json:
-            out.append(conn.send(h11.Data(data=bytes(piece))))
-            continue
+    for piece in body_pieces(body):
         pieces = conn.send_with_data_passthrough(h11.Data(data=piece))  # type: ignore[arg-type]
         assert pieces is not None
         out.extend(pieces)

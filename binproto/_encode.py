@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -414,7 +415,7 @@ def _place(
                 obj["data"] = p.json_data
             else:
                 assert p.array is not None
-                obj["data"] = p.array.ravel().tolist()
+                obj["data"] = _ArrayData(p.array.ravel())
         objs.append(obj)
     return objs, buffers
 
@@ -422,19 +423,63 @@ def _place(
 # Built once: json.dumps with arguments builds an encoder on every call.
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
+# Elements of an array written as JSON data per slice.
+_SLICE = 1 << 16
+
+
+class _ArrayData:
+    """A flat array to write as a tensor's JSON ``data``, a slice at a time:
+    its Python list (about 32 bytes an element, several times its text) is
+    never built whole."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray[Any, Any]) -> None:
+        self.array = array
+
+    def pieces(self) -> Iterator[bytes]:
+        """The array's JSON text, ``[`` to ``]``."""
+        yield b"["
+        flat = self.array
+        for start in range(0, flat.size, _SLICE):
+            if start:
+                yield b","
+            # "[a,b,c]" without its brackets: the slice's elements, as json writes them.
+            yield _JSON.encode(flat[start : start + _SLICE].tolist())[1:-1].encode("utf-8")
+        yield b"]"
+
 
 def dumps_header(obj: Any) -> bytes:
     """Serialize a JSON header: compact UTF-8 JSON.
 
     Strict JSON except ``NaN`` / ``Infinity`` / ``-Infinity`` for non-finite
     float data, the tokens tritonclient emits and Triton and binproto accept.
+    An array's JSON data (from the encoder) is written a slice at a time and
+    put in its place in the text.
     """
+    # Each array's place is held by a string no peer can have sent (random
+    # per call), then the text around it is joined with the array's pieces.
+    marks: dict[str, _ArrayData] = {}
+    secret = os.urandom(8).hex()
+    for entries in obj.values() if isinstance(obj, dict) else ():
+        for entry in entries if isinstance(entries, list) else ():
+            if isinstance(entry, dict) and isinstance(entry.get("data"), _ArrayData):
+                mark = f"\x00{secret}:{len(marks)}"
+                marks[_JSON.encode(mark)] = entry["data"]
+                entry["data"] = mark
     try:
-        return _JSON.encode(obj).encode("utf-8")
+        text = _JSON.encode(obj)
+        pieces: list[bytes] = []
+        for quoted, data in marks.items():
+            before, _, text = text.partition(quoted)
+            pieces.append(before.encode("utf-8"))
+            pieces.extend(data.pieces())
+        pieces.append(text.encode("utf-8"))
     except (TypeError, ValueError) as exc:  # unserializable value, circular object
         raise _fail(f"the header cannot be serialized as JSON: {exc}") from None
     except UnicodeEncodeError as exc:  # lone surrogates
         raise _fail(f"the header holds a string that is not valid UTF-8: {exc.reason}") from None
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
 def _body(obj: dict[str, Any], buffers: list[bytes | memoryview]) -> EncodedBody:

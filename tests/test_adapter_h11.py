@@ -480,3 +480,17 @@ def test_a_whole_response_is_framed_as_h11_frames_its_events(request_head: str) 
         assert framer.our_state is conn.our_state
         with pytest.raises(h11.LocalProtocolError):
             framer.send_response(200, body)  # one response per request
+
+
+def test_a_big_json_answer_goes_out_as_views_of_its_text() -> None:
+    # A JSON answer may be hundreds of MB: never copied, and cut into pieces
+    # so that a transport keeps at most a piece of it besides.
+    body = binproto.encode_response(
+        {"y": np.arange(PIECE // 3, dtype=np.int64)}, model_name="m", binary=False
+    )
+    assert len(body.json) > 2 * PIECE
+    _, request = _served(_HEADS["1.1"])
+    pieces = ResponseFramer(request).send_response(200, body)[1:]
+    assert all(len(p) <= PIECE for p in pieces) and b"".join(pieces) == body.json
+    text = np.frombuffer(body.json, dtype=np.uint8)
+    assert all(np.shares_memory(np.frombuffer(p, dtype=np.uint8), text) for p in pieces)

@@ -715,3 +715,35 @@ def test_python_scalars_are_0d_tensors(value: Any, datatype: str, expected: Any)
 def test_a_python_int_beyond_int64_is_refused() -> None:
     with pytest.raises(binproto.LocalProtocolError, match="does not fit in INT64"):
         binproto.encode_request({"x": 2**63})
+
+
+def test_json_data_of_an_array_is_written_a_slice_at_a_time() -> None:
+    # The whole array as a Python list would hold ~32 bytes an element, several
+    # times its text: the answer to a big JSON request must not need it.
+    import tracemalloc
+
+    values = np.round(np.random.default_rng(3).random(1 << 20), 2)
+    values[[5, 77]] = [np.nan, -np.inf]
+    tracemalloc.start()
+    try:
+        body = binproto.encode_response({"y": values}, model_name="m", binary=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    text = len(body.json)
+    assert peak < 2.5 * text, (peak, text)  # the text in pieces, then joined
+    # The same text as json writes for the whole list, NaN and Infinity included.
+    want = json.dumps(values.tolist(), separators=(",", ":")).encode()
+    assert body.json.count(want) == 1
+    decoded = binproto.decode_response(body.json, header_length=None)
+    np.testing.assert_array_equal(decoded.tensors["y"], values)
+
+
+def test_a_parameter_cannot_pose_as_an_array_place() -> None:
+    # Arrays' places in the text are marked with a string nobody could send.
+    tricky = {"note": "\x000:0", "also": "\\u0000"}
+    body = binproto.encode_response(
+        {"y": np.arange(3, dtype=np.int32)}, model_name="m", binary=False, parameters=tricky
+    )
+    obj = json.loads(body.json)
+    assert obj["parameters"] == tricky and obj["outputs"][0]["data"] == [0, 1, 2]
