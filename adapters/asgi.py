@@ -37,6 +37,7 @@ from collections.abc import (
     Awaitable,
     Callable,
     Iterable,
+    Iterator,
     Mapping,
     MutableMapping,
 )
@@ -46,6 +47,7 @@ import binproto
 from binproto import (
     DecodedMessage,
     Event,
+    HeaderParsed,
     Limits,
     LocalProtocolError,
     Parser,
@@ -55,7 +57,13 @@ from binproto import (
     TensorAssembler,
 )
 from binproto._assemble import Destinations
-from binproto._compression import ENCODINGS, compress_buffers, normalize_encoding
+from binproto._compression import (
+    ENCODINGS,
+    GZIP_AHEAD,
+    check_gzip_size,
+    compress_buffers,
+    normalize_encoding,
+)
 from binproto._decode import decode
 from binproto._http import error_text
 from binproto._util import as_byte_view, gather_small
@@ -240,23 +248,26 @@ async def iter_events(
 
 async def _event_batches(
     parser: Parser, source: BodySource, chunks: AsyncIterator[Any] | None = None
-) -> AsyncIterator[list[Event]]:
-    """The events of the body, a list per received chunk (one step of this
-    async generator per chunk, not per event: each step costs microseconds).
+) -> AsyncIterator[Iterator[Event]]:
+    """The events of the body, an iterator per received chunk (one step of
+    this async generator per chunk, not per event: each step costs
+    microseconds). Take every event of one before asking for the next: they
+    are made as they are taken, so a compressed chunk that expands to
+    gigabytes is never held expanded.
     ``chunks``: the body's chunks (:class:`_Chunks`), when some were taken
     (and given to the parser) already."""
     # The claims of the HTTP head (lengths against the limits, the coding) are
     # checked before the first receive: a server answers "Expect:
     # 100-continue" on that call, which would invite a body already refused.
     if parser.state is ParserState.HEADER:
-        yield list(parser.events())
+        yield parser.events()
     if chunks is None:
         chunks = _Chunks(source)
     async for chunk in chunks:
         parser.receive_data(chunk)
-        yield list(parser.events())
+        yield parser.events()
     parser.receive_data(b"")
-    yield list(parser.events())
+    yield parser.events()
     if parser.state is not ParserState.DONE:  # pragma: no cover - the parser raises first
         raise RemoteProtocolError("the body ended early", offset=parser.bytes_parsed)
 
@@ -273,33 +284,43 @@ async def read_request(
 
     Each binary tensor's bytes are copied once, from the received chunks into
     the tensor's own memory (or into ``destinations``, as with
-    :class:`binproto.TensorAssembler`); the body is never held whole beyond
-    what arrived at once. Returns the header and the tensors by name.
+    :class:`binproto.TensorAssembler`). Returns the header and the tensors by
+    name.
 
     A body that arrives in one message (most small requests) is copied once,
     whole, and decoded as a whole body (:func:`binproto.decode_request`: the
     parser's checks without its per-event work), its tensors arrays over that
-    copy; without ``destinations`` only.
+    copy; without ``destinations`` only. A compressed body of up to 16 MiB
+    is read whole before it is parsed, and a gzip body whose trailer does not
+    give the size its header claims is refused before its tensors are
+    inflated (as :class:`~binproto.adapters.asyncio.V2Server` does). Any other
+    body is parsed as it arrives, never held whole.
     """
     parser = parser_from_scope(scope, limits=limits, strict_bool=strict_bool)
     # The head's claims are checked before the first receive (see iter_events).
     early = list(parser.events())
     chunks = _Chunks(source)
     first = await anext(chunks, None)
-    if (
-        first is not None
-        and len(first) == parser.content_length
-        and not early
-        and destinations is None
-    ):
-        return decode(
-            "request",
-            bytearray(first),  # writable arrays of their own, as the assembler's
-            header_length=parser.header_length,
-            limits=parser.limits,
-            strict_bool=strict_bool,
-            content_encoding=parser.content_encoding,
-        )
+    length = parser.content_length
+    compressed = parser.content_encoding is not None
+    ahead: tuple[bytes, bytes] | None = None  # a compressed body's first and last bytes
+    if first is not None and length is not None and not early:
+        if compressed and len(first) < length <= GZIP_AHEAD:
+            # A small compressed body is taken whole first: a gzip body's
+            # trailer then tells its size before its tensors are inflated.
+            first = bytearray(first)
+            while len(first) < length and (chunk := await anext(chunks, None)) is not None:
+                first += chunk
+        if compressed and len(first) == length:
+            ahead = (bytes(first[:2]), bytes(first[-4:]))
+        if not compressed and len(first) == length and destinations is None:
+            return decode(
+                "request",
+                bytearray(first),  # writable arrays of their own, as the assembler's
+                header_length=parser.header_length,
+                limits=parser.limits,
+                strict_bool=strict_bool,
+            )
     assembler = TensorAssembler(destinations)
     for event in early:
         assembler.feed(event)
@@ -308,8 +329,11 @@ async def read_request(
     try:
         async for events in _event_batches(parser, source, chunks):
             for event in events:
+                if ahead is not None and type(event) is HeaderParsed:
+                    hl = parser.header_length
+                    if hl is not None:
+                        check_gzip_size(*ahead, hl + event.header.binary_size, hl)
                 assembler.feed(event)
-            del events  # views of the chunk: not kept past it
     except BaseException:
         # The fault's traceback keeps this frame (and the parser may keep the
         # fault, a cycle): drop the arrays now, not when the collector runs.

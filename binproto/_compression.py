@@ -27,9 +27,11 @@ from ._limits import Limits
 __all__ = [
     "BLOCK",
     "ENCODINGS",
+    "GZIP_AHEAD",
     "RATIO_FLOOR",
     "STEP",
     "Inflater",
+    "check_gzip_size",
     "compress_buffers",
     "inflate_whole",
     "normalize_encoding",
@@ -51,6 +53,30 @@ _ALIASES = {"gzip": "gzip", "x-gzip": "gzip", "deflate": "deflate", "identity": 
 _GZIP_WBITS = 31  # gzip header and trailer
 _ZLIB_WBITS = 15  # zlib (RFC 1950) wrapper: what "deflate" means in HTTP
 _RAW_WBITS = -15  # bare RFC 1951 stream, which some peers send as "deflate"
+
+
+#: A compressed body of up to this many bytes may be taken whole before it
+#: is inflated: a gzip body's trailer then tells its size (check_gzip_size).
+GZIP_AHEAD = 16 << 20
+
+
+def check_gzip_size(head: bytes, tail: bytes, claimed: int, offset: int) -> None:
+    """Refuse a gzip body whose trailer (ISIZE: its decompressed length,
+    modulo 2**32) is not the ``claimed`` length its header and tensors add
+    up to, before inflating its tensors: a bomb is refused as soon as its
+    last bytes are in, not after gigabytes. ``head`` and ``tail`` are the
+    whole body's first two and last four bytes; ``offset`` is where the
+    tensors start. A body that is not gzip (zlib's trailer has no length)
+    passes."""
+    if head[:2] != b"\x1f\x8b" or len(tail) < 4:
+        return
+    isize = int.from_bytes(tail[-4:], "little")
+    if isize != claimed % (1 << 32):
+        raise RemoteProtocolError(
+            f"the gzip body expands to {isize} bytes (modulo 2**32, by its trailer),"
+            f" not the {claimed} its header and tensors claim",
+            offset=offset,
+        )
 
 
 def unsupported_encoding(value: str) -> RemoteProtocolError:

@@ -858,3 +858,38 @@ def test_claims_in_the_head_are_refused_before_the_first_receive() -> None:
     with pytest.raises(binproto.RemoteProtocolError) as info:
         asyncio.run(main())
     assert info.value.status_hint == 413 and not received
+
+
+def test_a_compressed_message_is_never_held_expanded() -> None:
+    # One message of 64 KB that inflates to 64 MiB: its events are made as
+    # they are taken, so the consumer holds a step of it at a time.
+    import gzip
+    import tracemalloc
+
+    size = 64 << 20
+    header = binproto.encode_request({"z": np.zeros(1, dtype=np.uint8)}).buffers[0]
+    header = bytes(header).replace(b'"shape":[1]', f'"shape":[{size}]'.encode())
+    header = header.replace(b'"binary_data_size":1', f'"binary_data_size":{size}'.encode())
+    body = gzip.compress(header + bytes(size), compresslevel=1)
+    scope = scope_for(
+        [
+            ("Content-Encoding", "gzip"),
+            ("Inference-Header-Content-Length", str(len(header))),
+            ("Content-Length", str(len(body))),
+        ]
+    )
+
+    async def count() -> int:
+        total = 0
+        async for event in asgi.iter_events(scope, receiver([body])):
+            if isinstance(event, binproto.TensorChunk):
+                total += len(event.data)
+        return total
+
+    tracemalloc.start()
+    try:
+        assert asyncio.run(count()) == size
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak

@@ -314,3 +314,38 @@ def test_an_honest_gzip_body_passes_the_trailer_check(backend: str) -> None:
             while b"\r\n\r\n" not in answer:
                 answer += sock.recv(65536)
     assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+
+
+def _gzip_body(claim: int, actual: int) -> tuple[bytes, int]:
+    """A gzip request body claiming ``claim`` tensor bytes that expands to ``actual``."""
+    wire = _gzip_request(claim, actual)
+    head, _, body = wire.partition(b"\r\n\r\n")
+    hl = int(head.lower().split(b"inference-header-content-length: ")[1].split(b"\r\n")[0])
+    return body, hl
+
+
+def test_the_asgi_adapter_refuses_a_gzip_bomb_by_its_trailer() -> None:
+    # In many messages, as a server delivers a body: read ahead, then checked whole.
+    from binproto.adapters import asgi
+
+    body, hl = _gzip_body(48 << 20, 64 << 20)
+    scope = {
+        "type": "http",
+        "headers": [
+            (b"content-encoding", b"gzip"),
+            (b"inference-header-content-length", str(hl).encode()),
+            (b"content-length", str(len(body)).encode()),
+        ],
+    }
+    messages = [
+        {"type": "http.request", "body": body[i : i + 4096], "more_body": i + 4096 < len(body)}
+        for i in range(0, len(body), 4096)
+    ]
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0)
+
+    started = time.monotonic()
+    with pytest.raises(binproto.RemoteProtocolError, match="by its trailer"):
+        asyncio.run(asgi.read_request(scope, receive))
+    assert time.monotonic() - started < 5
