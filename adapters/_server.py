@@ -33,7 +33,7 @@ from collections.abc import (
     Sequence,
 )
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol, cast, runtime_checkable
 
 try:
     import h11
@@ -85,14 +85,20 @@ from .h11 import (
 __all__ = [
     "BodyReader",
     "ByteStream",
+    "Capabilities",
     "InferRequest",
     "InferenceError",
     "MessageBody",
     "Model",
+    "ReadsAhead",
+    "ReceivesInto",
     "Route",
+    "RunsInThreads",
     "StreamingResponse",
     "Timeouts",
     "V2Server",
+    "Yields",
+    "capabilities",
     "echo_model",
     "route",
 ]
@@ -115,14 +121,12 @@ THREAD_HEADER = 1 << 20
 class ByteStream(Protocol):
     """What the server and client need from a connected byte stream.
 
-    A stream may also offer ``async receive_into(buf: memoryview) -> int``
-    (bytes written into ``buf``, 0 at end of stream): then tensor bytes are
-    received in place; and ``async to_thread(fn, *args)``, which runs
-    ``fn(*args)`` in a worker thread and returns its result: then response
-    compression runs there, not on the event loop; and ``async checkpoint()``,
-    which lets the event loop run other tasks: then a compressed body, whose
-    one read may decompress to megabytes of events, yields to them every
-    :data:`YIELD_BYTES` of its tensor bytes.
+    A stream may offer more, each declared by a protocol of its own, and
+    then it is used (see :func:`capabilities`): :class:`ReceivesInto` (tensor
+    bytes received in place), :class:`RunsInThreads` (response compression
+    and big JSON headers off the event loop), :class:`Yields` (a compressed
+    body yields to other tasks every :data:`YIELD_BYTES` of its tensor
+    bytes) and :class:`ReadsAhead` (larger reads of a body).
 
     A stream has a settable ``timeout``: the seconds one wait for the peer
     may take, to receive its bytes or to have ours taken (None: no bound).
@@ -140,6 +144,64 @@ class ByteStream(Protocol):
 
     async def aclose(self) -> None:
         """Close the stream."""
+
+
+@runtime_checkable
+class ReceivesInto(Protocol):
+    """A :class:`ByteStream` that receives into the caller's memory."""
+
+    async def receive_into(self, buf: memoryview) -> int:
+        """Bytes written into ``buf``; 0 at end of stream."""
+
+
+@runtime_checkable
+class RunsInThreads(Protocol):
+    """A :class:`ByteStream` that can run blocking work in a worker thread."""
+
+    async def to_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` run in a worker thread; its result."""
+
+
+@runtime_checkable
+class Yields(Protocol):
+    """A :class:`ByteStream` whose event loop other tasks can be let run on."""
+
+    async def checkpoint(self) -> None:
+        """Let other tasks run."""
+
+
+@runtime_checkable
+class ReadsAhead(Protocol):
+    """A :class:`ByteStream` that buffers ahead, and prefers reads this large."""
+
+    read_size: int
+
+
+class Capabilities(NamedTuple):
+    """Which of the optional protocols a stream's class implements."""
+
+    receives_into: bool
+    runs_in_threads: bool
+    yields: bool
+    read_size: int
+
+
+_CAPABILITIES: dict[type, Capabilities] = {}
+
+
+def capabilities(stream: ByteStream) -> Capabilities:
+    """What ``stream`` offers beyond :class:`ByteStream`: looked up once per
+    stream class (a check against a protocol tests each of its members)."""
+    kind = type(stream)
+    found = _CAPABILITIES.get(kind)
+    if found is None:
+        found = _CAPABILITIES[kind] = Capabilities(
+            isinstance(stream, ReceivesInto),
+            isinstance(stream, RunsInThreads),
+            isinstance(stream, Yields),
+            stream.read_size if isinstance(stream, ReadsAhead) else CHUNK,
+        )
+    return found
 
 
 class InferenceError(Exception):
@@ -228,7 +290,9 @@ async def write_compressed(stream: ByteStream, head: Any, batches: Iterator[list
     Each batch compresses up to 1 MiB of the body: in a worker thread when the
     stream offers ``to_thread``, so the event loop goes on serving meanwhile.
     """
-    to_thread = getattr(stream, "to_thread", None)
+    to_thread = (
+        cast(RunsInThreads, stream).to_thread if capabilities(stream).runs_in_threads else None
+    )
     pending = [head]
     while True:
         batch = await to_thread(next, batches, None) if to_thread else next(batches, None)
@@ -261,20 +325,29 @@ class BodyReader:
         receive_in_place: bool,
     ) -> None:
         self._stream = stream
-        #: The stream's ``checkpoint`` (see :class:`ByteStream`), or None.
-        self.checkpoint: Callable[[], Awaitable[None]] | None = getattr(stream, "checkpoint", None)
-        #: The stream's ``to_thread`` (see :class:`ByteStream`), or None.
-        self.to_thread: Callable[..., Awaitable[Any]] | None = getattr(stream, "to_thread", None)
+        offers = capabilities(stream)
+        #: The stream's ``checkpoint`` (see :class:`Yields`), or None.
+        self.checkpoint: Callable[[], Awaitable[None]] | None = (
+            cast(Yields, stream).checkpoint if offers.yields else None
+        )
+        #: The stream's ``to_thread`` (see :class:`RunsInThreads`), or None.
+        self.to_thread: Callable[..., Awaitable[Any]] | None = (
+            cast(RunsInThreads, stream).to_thread if offers.runs_in_threads else None
+        )
         self._conn = conn
         self._remaining = content_length
-        self._receive_into = getattr(stream, "receive_into", None) if receive_in_place else None
+        self._receive_into: Callable[[memoryview], Awaitable[int]] | None = (
+            cast(ReceivesInto, stream).receive_into
+            if receive_in_place and offers.receives_into
+            else None
+        )
         #: h11 is bypassed: the body has a Content-Length.
         self.direct = content_length is not None
         # What h11 received past the head, read before the stream.
         self._pending, self._ended = conn.trailing_data if self.direct else (b"", False)
         self._taken = 0  # bytes of _pending handed out
         # Streams that buffer ahead may prefer larger reads of the body.
-        self._read_size: int = getattr(stream, "read_size", CHUNK)
+        self._read_size = offers.read_size
         self.done = False  #: the whole body has been read
         self.failed: RemoteProtocolError | None = None  #: the fault that ended reading
 

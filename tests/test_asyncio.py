@@ -1599,3 +1599,38 @@ def test_pipelined_requests_after_a_content_length_body_are_answered() -> None:
             await close_server(srv)
 
     assert asyncio.run(main()) == [np.int32(n).tobytes() for n in (3, 1000, 5)]
+
+
+def test_streams_declare_what_they_offer_beyond_a_byte_stream() -> None:
+    # The optional parts of a stream are protocols of their own, looked up once per class.
+    import socket as _socket
+
+    from binproto.adapters import _server
+    from binproto.adapters.asyncio import SocketStream, StreamsStream
+
+    class Minimal:  # just a ByteStream
+        timeout: float | None = None
+
+        async def receive_some(self, max_bytes: int) -> bytes:
+            return b""
+
+        async def send_all(self, buffers: Any) -> None:
+            pass
+
+        async def aclose(self) -> None:
+            pass
+
+    a, b = _socket.socketpair()
+    try:
+        sock_stream = SocketStream(a)
+        in_place: _server.ReceivesInto = sock_stream  # checked by mypy too
+        threads: _server.RunsInThreads = sock_stream
+        assert in_place is threads  # type: ignore[comparison-overlap]
+        assert _server.capabilities(sock_stream) == (True, True, True, _server.CHUNK)
+    finally:
+        a.close()
+        b.close()
+    assert _server.capabilities(Minimal()) == (False, False, False, _server.CHUNK)
+    assert StreamsStream.read_size > _server.CHUNK
+    reader = _server.BodyReader(Minimal(), h11.Connection(h11.SERVER), 0, receive_in_place=True)
+    assert reader.checkpoint is None and reader.to_thread is None and not reader.in_place
