@@ -13,7 +13,11 @@ its median per-round ratio to the floor under it:
 - a trivial ASGI app under uvicorn for binproto's ASGI app under uvicorn.
 
 The floors and the other servers: :mod:`benchmarks.floor_servers`. KServe
-runs when installed. Run alone with ``python -m benchmarks.bench_throughput``
+runs when installed; a real Triton (the ``tritonserver`` of the
+``nvidia-pytriton`` wheel, with a python-backend identity model, see
+``tests/interop/triton_peer.py``) when it can run here (the test extra
+installs it; it also needs Debian's ``python3-numpy``), compared with the h11
+floor. Run alone with ``python -m benchmarks.bench_throughput``
 (``--quick`` for 2 s rounds on one body size).
 """
 
@@ -134,16 +138,21 @@ def running(name: str, command: Sequence[str], timeout: float = 60) -> Iterator[
             proc.wait()
 
 
-def write_request(directory: Path, tensor_bytes: int) -> Path:
+#: Where each server's echo model is, and its input's name (default: binproto's echo).
+ENDPOINTS = {"triton": ("/v2/models/identity_fp32/infer", "INPUT0")}
+ECHO = ("/v2/models/echo/infer", "input0")
+
+
+def write_request(directory: Path, tensor_bytes: int, input_name: str = "input0") -> Path:
     """A wrk Lua script posting an FP32 echo request of ``tensor_bytes``."""
     body = binproto.encode_request(
-        {"input0": np.arange(tensor_bytes // 4, dtype=np.float32)}, binary_data_output=True
+        {input_name: np.arange(tensor_bytes // 4, dtype=np.float32)}, binary_data_output=True
     )
-    path = directory / f"body-{tensor_bytes}.bin"
+    path = directory / f"body-{input_name}-{tensor_bytes}.bin"
     with open(path, "wb") as f:
         for buf in body.buffers:
             f.write(buf)
-    script = directory / f"post-{tensor_bytes}.lua"
+    script = directory / f"post-{input_name}-{tensor_bytes}.lua"
     script.write_text(
         f'local f = io.open("{path}", "rb")\n'
         "wrk.body = f:read('*a')\n"
@@ -171,9 +180,9 @@ def parse_wrk(text: str) -> Result:
     return Result(rps, p99, errors)
 
 
-def wrk(port: int, script: Path, connections: int, seconds: float) -> Result:
-    """One wrk run against the echo model's infer endpoint."""
-    url = f"http://127.0.0.1:{port}/v2/models/echo/infer"
+def wrk(port: int, script: Path, connections: int, seconds: float, path: str = ECHO[0]) -> Result:
+    """One wrk run against an echo model's infer endpoint (``path``)."""
+    url = f"http://127.0.0.1:{port}{path}"
     out = subprocess.run(
         ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script), url],
         capture_output=True,
@@ -190,21 +199,23 @@ TARGETS = {"binproto-asyncio": 0.6, "binproto-trio": 0.5, "binproto-asgi": 0.35}
 
 def measure(
     servers: dict[str, int],
-    scripts: dict[int, Path],
+    scripts: dict[int, dict[str, Path]],
     connections: Sequence[int],
     rounds: int,
     seconds: float,
 ) -> list[Row]:
     """Interleaved rounds over every server, for each body size and connection
-    count. A row's ``seconds`` is per request (1 / req/s), so its ``ratio`` to
-    the floor is the ratio of their request rates."""
+    count (``scripts``: by body size, then by input name). A row's ``seconds``
+    is per request (1 / req/s), so its ``ratio`` to the floor is the ratio of
+    their request rates."""
     rows: list[Row] = []
-    for size, script in scripts.items():
+    for size, by_input in scripts.items():
         for conns in connections:
             samples: dict[str, list[Result]] = {name: [] for name in servers}
             for _ in range(rounds):
                 for name, port in servers.items():
-                    samples[name].append(wrk(port, script, conns, seconds))
+                    path, input_name = ENDPOINTS.get(name, ECHO)
+                    samples[name].append(wrk(port, by_input[input_name], conns, seconds, path))
             for name, results in samples.items():
                 floor = FLOOR_OF.get(name)
                 base = samples.get(floor) if floor is not None else None
@@ -249,9 +260,33 @@ def run(quick: bool, names: Sequence[str] | None = None) -> list[Row]:
     if current == "tiny":  # the smoke test: one floor and one server, briefly
         commands = {n: c for n, c in commands.items() if n in ("h11-floor", "binproto-asyncio")}
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
-        scripts = {size: write_request(Path(tmp), size) for size in sizes}
+        inputs = {name for _, name in (ECHO, *ENDPOINTS.values())}
+        scripts = {
+            size: {name: write_request(Path(tmp), size, name) for name in inputs} for size in sizes
+        }
         servers = {name: stack.enter_context(running(name, cmd)) for name, cmd in commands.items()}
+        if current != "tiny" and (names is None or "triton" in names):
+            port = _triton(stack, Path(tmp) / "triton")
+            if port is not None:
+                servers["triton"] = port
         return measure(servers, scripts, connections, rounds, seconds)
+
+
+def _triton(stack: ExitStack, workdir: Path) -> int | None:
+    """Start a real Triton with an FP32 identity model; its HTTP port, or
+    None (and why, on stderr) when it cannot run here."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from tests.interop.triton_peer import start_triton, triton_unavailable
+    finally:
+        sys.path.remove(str(ROOT))
+    reason = triton_unavailable()
+    if reason is not None:
+        print(f"throughput: no Triton row: {reason}", file=sys.stderr)
+        return None
+    workdir.mkdir()
+    peer = stack.enter_context(start_triton(workdir, datatypes=("FP32",), single_input=False))
+    return peer.port
 
 
 def main() -> None:
