@@ -444,9 +444,26 @@ class _ArrayData:
         for start in range(0, flat.size, _SLICE):
             if start:
                 yield b","
-            # "[a,b,c]" without its brackets: the slice's elements, as json writes them.
-            yield _JSON.encode(flat[start : start + _SLICE].tolist())[1:-1].encode("utf-8")
+            yield _numbers(flat[start : start + _SLICE]).encode("utf-8")
         yield b"]"
+
+
+def _numbers(part: np.ndarray[Any, Any]) -> str:
+    """The elements of ``part`` as JSON values, comma separated.
+
+    An FP32 value is written as the shortest decimal that reads back as the
+    same value (numpy's repr of it): ``0.37``, where the double it widens to
+    would be written ``0.3700000047683716``, three times the text.
+    Not finite: ``NaN``, ``Infinity``, ``-Infinity``. Anything else as json
+    writes its Python value.
+    """
+    if part.dtype.kind == "f" and part.dtype.itemsize == 4:
+        text = ",".join(part.astype(str).tolist())
+        if "n" in text:  # numpy's "nan", "inf" and "-inf"
+            text = text.replace("nan", "NaN").replace("inf", "Infinity")
+        return text
+    # "[a,b,c]" without its brackets: the elements as json writes them.
+    return _JSON.encode(part.tolist())[1:-1]
 
 
 def dumps_header(obj: Any) -> bytes:

@@ -747,3 +747,23 @@ def test_a_parameter_cannot_pose_as_an_array_place() -> None:
     )
     obj = json.loads(body.json)
     assert obj["parameters"] == tricky and obj["outputs"][0]["data"] == [0, 1, 2]
+
+
+def test_fp32_json_data_is_the_shortest_text_that_reads_back_the_same() -> None:
+    # (FP16 always travels binary.)
+    dtype = np.float32
+    info = np.finfo(dtype)
+    special = [0.0, -0.0, np.nan, np.inf, -np.inf, info.max, -info.max, info.tiny,
+               info.smallest_subnormal, info.eps, 0.1, 1 / 3, 1e-5, 123456.789]  # fmt: skip
+    rng = np.random.default_rng(5)
+    values = np.concatenate([np.array(special), rng.standard_normal(3000) * 1e3]).astype(dtype)
+    body = binproto.encode_response({"y": values}, model_name="m", binary=False)
+    text = body.json.decode()
+    assert '"data":[0.0,-0.0,NaN,Infinity,-Infinity,' in text
+    assert "0.1," in text  # not 0.10000000149011612
+    got = binproto.decode_response(body.json, header_length=None).tensors["y"]
+    assert got.dtype == np.dtype(dtype).newbyteorder("<") and '"FP32"' in text
+    assert got.tobytes() == values.astype(np.dtype(dtype).newbyteorder("<")).tobytes()
+    # Read as doubles by any JSON parser, the values narrow back to the same bits.
+    data = json.loads(text)["outputs"][0]["data"]
+    assert np.array(data, dtype=np.float64).astype(dtype).tobytes() == values.tobytes()
