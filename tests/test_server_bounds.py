@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -349,3 +351,55 @@ def test_the_asgi_adapter_refuses_a_gzip_bomb_by_its_trailer() -> None:
     with pytest.raises(binproto.RemoteProtocolError, match="by its trailer"):
         asyncio.run(asgi.read_request(scope, receive))
     assert time.monotonic() - started < 5
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
+def test_a_big_json_echo_peaks_under_12x_its_request() -> None:
+    # Short FP32 values, the hardest case: each is a Python float of 32 bytes
+    # once parsed, and written back as a double it would take three times the
+    # text. 20x the request before (the answer's whole list and text, the
+    # text copied to send it); now the answer is written and sent in pieces.
+    import json
+    import subprocess
+    import sys
+
+    values = np.round(np.random.default_rng(0).random(2_400_000), 2)  # ~12 MB of JSON
+    x = {"name": "x", "datatype": "FP32", "shape": [values.size], "data": values.tolist()}
+    wire = json.dumps({"inputs": [x]}).encode()
+    del values, x
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "binproto", "serve", "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+    def memory(key: str) -> int:
+        for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+        raise AssertionError(key)
+
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline().rsplit(":", 1)[1])
+        idle = memory("VmRSS")
+        with connect(port) as sock:
+            sock.sendall(
+                b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Type:"
+                b" application/json\r\nContent-Length: %d\r\n\r\n" % len(wire) + wire
+            )
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                answer += sock.recv(1 << 20)
+            head, _, got = answer.partition(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            while len(got) < length:
+                got += sock.recv(1 << 20)
+        assert head.startswith(b"HTTP/1.1 200 ")
+        peak = memory("VmHWM") - idle
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert json.loads(got)["outputs"][0]["data"][:3] == json.loads(wire)["inputs"][0]["data"][:3]
+    assert peak <= 12 * len(wire), peak / len(wire)
