@@ -13,7 +13,14 @@ from ._errors import RemoteProtocolError
 from ._json import json_data_to_array
 from ._limits import Limits
 
-__all__ = ["InferenceHeader", "Kind", "RequestedOutput", "TensorInfo", "build_header"]
+__all__ = [
+    "InferenceHeader",
+    "Kind",
+    "RequestedOutput",
+    "TensorInfo",
+    "build_header",
+    "counted_keys",
+]
 
 Kind = Literal["request", "response"]
 
@@ -364,3 +371,21 @@ def build_header(obj: Any, kind: Kind, limits: Limits, header_length: int) -> In
         raw=obj,
         header_length=header_length,
     )
+
+
+def counted_keys(header: InferenceHeader) -> int:
+    """How many keys the objects of ``header``'s JSON that the format defines
+    hold: the header, its parameters, each tensor and its parameters, each
+    requested output and its parameters (objects anywhere else are not
+    counted)."""
+    obj = header.raw
+    count = len(obj) + len(header.parameters)
+    for tensor in header.tensors:
+        count += len(tensor.parameters)
+    for entry in obj["inputs" if header.kind == "request" else "outputs"]:
+        count += len(entry)
+    if header.requested_outputs is not None:
+        for out in obj["outputs"]:
+            params = out.get("parameters")
+            count += len(out) + (len(params) if params else 0)
+    return count

@@ -12,7 +12,7 @@ import numpy as np
 from ._datatypes import DataType
 from ._errors import RemoteProtocolError
 
-__all__ = ["json_data_to_array", "loads_header"]
+__all__ = ["json_data_to_array", "loads_header", "refuse_repeated_keys"]
 
 # A JSON string token, unrolled so long strings do not backtrack.
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
@@ -74,7 +74,7 @@ def _max_depth(raw: bytes, limit: int) -> int:
 
 
 class _DuplicateKey(Exception):
-    """Raised from inside ``json.loads`` when an object repeats a key."""
+    """Raised from inside the decoder that refuses a repeated key."""
 
     def __init__(self, key: str) -> None:
         super().__init__(key)
@@ -94,7 +94,10 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 # Built once: json.loads with arguments builds a decoder on every call.
-_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys)
+_DECODER = json.JSONDecoder()
+# The decoder that refuses a repeated key: a Python call per JSON object, so
+# it runs only when counting keys cannot rule a repeat out.
+_UNIQUE_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys)
 
 
 # Tokens of the duplicate-key scan: a key (a string and its colon), a bracket,
@@ -164,8 +167,9 @@ def loads_header(raw: bytes, *, max_depth: int, kind: str = "request") -> Any:
 
     Accepts what real peers send: ``NaN``/``Infinity`` tokens. Rejects invalid
     UTF-8, a byte-order mark, trailing bytes, nesting deeper than ``max_depth``,
-    an object that repeats a key (JSON parsers disagree on which one counts), and
-    a ``\\u`` escape of a lone surrogate (it is no Unicode character).
+    and a ``\\u`` escape of a lone surrogate (it is no Unicode character). A
+    repeated key is refused by :func:`refuse_repeated_keys`, given the decoded
+    object's key count.
     """
     # Count openers cheaply first (strings' brackets too, so never fewer than
     # the nesting): only a header with many brackets needs a scan.
@@ -196,13 +200,6 @@ def loads_header(raw: bytes, *, max_depth: int, kind: str = "request") -> Any:
         if text.startswith("\ufeff"):  # as json.loads says it; JSONDecoder does not check
             raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
         obj = _DECODER.decode(text)
-    except _DuplicateKey as exc:
-        found = _first_duplicate_key(raw)
-        key, offset = found if found is not None else (exc.key, 0)
-        raise RemoteProtocolError(
-            f"failed to parse the {kind} JSON buffer: duplicate key {json.dumps(key)}",
-            offset=offset,
-        ) from None
     except RecursionError:
         raise RemoteProtocolError(
             f"JSON nesting is deeper than the limit of {max_depth}", offset=0
@@ -221,6 +218,32 @@ def loads_header(raw: bytes, *, max_depth: int, kind: str = "request") -> Any:
     if b"\\u" in raw:
         _check_surrogates(raw, kind)
     return obj
+
+
+def refuse_repeated_keys(raw: bytes, keys: int, kind: str = "request") -> None:
+    """Refuse the JSON text ``raw`` (valid, decoded) if an object of it repeats
+    a key (JSON parsers disagree on which one counts); ``keys`` is how many
+    keys its decoded objects hold: all of them, or some (fewer only costs a
+    second decoding).
+
+    Outside its strings, a JSON text has one colon per key it writes, and a
+    decoded object keeps one entry per distinct key: when the text has no more
+    colons than the objects have keys, no key was repeated.
+    """
+    if raw.count(b":") <= keys:
+        return
+    if _STRING.sub(b'""', raw).count(b":") <= keys:
+        return  # the other colons were inside strings
+    # Keys not counted, or a repeat: decode again, refusing a repeated key.
+    try:
+        _UNIQUE_DECODER.decode(raw.decode("utf-8"))
+    except _DuplicateKey as exc:
+        found = _first_duplicate_key(raw)
+        key, offset = found if found is not None else (exc.key, 0)
+        raise RemoteProtocolError(
+            f"failed to parse the {kind} JSON buffer: duplicate key {json.dumps(key)}",
+            offset=offset,
+        ) from None
 
 
 def _flatten(data: Any, shape: tuple[int, ...], name: str, elements: int) -> list[Any]:

@@ -14,8 +14,8 @@ from ._bytes import BytesFramer
 from ._compression import Inflater
 from ._errors import RemoteProtocolError
 from ._events import NEED_DATA, Event, MessageComplete, NeedData, TensorChunk, TensorComplete
-from ._header import InferenceHeader, Kind, TensorInfo, build_header
-from ._json import loads_header
+from ._header import InferenceHeader, Kind, TensorInfo, build_header, counted_keys
+from ._json import loads_header, refuse_repeated_keys
 from ._limits import Limits
 from ._util import check_bool
 
@@ -164,7 +164,14 @@ class HeaderReader:
 def parse_header(raw: bytes, kind: Kind, limits: Limits) -> InferenceHeader:
     """Decode and validate the JSON header ``raw`` (exactly its bytes)."""
     obj = loads_header(raw, max_depth=limits.max_json_depth, kind=kind)
-    return build_header(obj, kind, limits, len(raw))
+    try:
+        header = build_header(obj, kind, limits, len(raw))
+    except RemoteProtocolError:
+        # A repeated key is the fault a reader of the JSON meets first.
+        refuse_repeated_keys(raw, 0, kind)
+        raise
+    refuse_repeated_keys(raw, counted_keys(header), kind)
+    return header
 
 
 def check_lengths(

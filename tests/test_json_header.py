@@ -83,6 +83,23 @@ def test_same_key_in_different_objects_is_fine() -> None:
     assert list(decoded.tensors) == ["a", "b"]
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [
+        '"id":"urn:uuid:1","parameters":{"t":"12:00:00"}',  # colons inside strings
+        '"id":"a\\":\\"b"',  # an escaped quote before a colon inside a string
+        '"parameters":{"p":{"q":1,"r":{"q":2}}}',  # objects the header format does not define
+    ],
+)
+def test_headers_without_a_repeated_key_are_accepted(extra: str) -> None:
+    body, hl = _request("{" + extra + ',"inputs":[' + TENSOR + "]}")
+    out = assert_same_everywhere(lambda: Parser("request", header_length=hl), body)
+    assert out.error is None
+    decoded = binproto.decode_request(body, header_length=hl)
+    assert decoded.tensors["x"].tolist() == [1, 2]
+    assert decoded.header.raw == json.loads(body)
+
+
 # (a JSON string's content as written in the header, whether it is accepted)
 SURROGATES = [
     ("\\ud800", False),  # lone high
