@@ -10,7 +10,11 @@ its median per-round ratio to the floor under it:
 
 - the h11 floor (``asyncio.Protocol`` + h11, fixed answer) for binproto's own
   servers, which parse HTTP with h11;
-- a trivial ASGI app under uvicorn for binproto's ASGI app under uvicorn.
+- a trivial ASGI app under uvicorn for binproto's ASGI app under uvicorn;
+- and, as a server of its own, the h11 floor doing the echo with binproto's
+  codec and nothing else (``h11-codec``), compared with the h11 floor: the
+  most any h11 server doing this echo with this codec reaches, so the gap
+  between it and binproto's servers is their own machinery.
 
 The floors and the other servers: :mod:`benchmarks.floor_servers`. KServe
 runs when installed; a real Triton (the ``tritonserver`` of the
@@ -50,6 +54,7 @@ KSERVE_ECHO = ROOT / "tests" / "interop" / "kserve_echo_server.py"
 
 #: Which floor each server is compared with.
 FLOOR_OF = {
+    "h11-codec": "h11-floor",
     "binproto-asyncio": "h11-floor",
     "binproto-trio": "h11-floor",
     "binproto-asgi": "asgi-floor",
@@ -68,6 +73,7 @@ COMMANDS: dict[str, list[str]] = {
     "bare-asyncio": [sys.executable, "-m", "benchmarks.floor_servers", "bare", "{port}"],
     "h11-floor": [sys.executable, "-m", "benchmarks.floor_servers", "h11", "{port}"],
     "asgi-floor": _uvicorn("benchmarks.floor_servers:asgi_app"),
+    "h11-codec": [sys.executable, "-m", "benchmarks.floor_servers", "h11-codec", "{port}"],
     "binproto-asyncio": [sys.executable, "-m", "binproto", "serve", "--port", "{port}"],
     "binproto-trio": [
         sys.executable,

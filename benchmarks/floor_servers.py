@@ -10,6 +10,11 @@ server built on the same layer can reach:
   floor of asyncio itself.
 - ``h11``: an ``asyncio.Protocol`` driving ``h11``; the floor of binproto's own
   servers, which parse HTTP with h11.
+- ``h11-codec``: the ``h11`` floor doing an echo with binproto's codec and
+  nothing else (``decode_request`` of the whole body, ``encode_response``, no
+  routing, limits, timeouts or handler): the most any h11 server doing this
+  echo with this codec can reach; what binproto's servers lose below it is
+  their own machinery.
 - ``asgi``: a trivial ASGI app (reads the body, fixed answer), served by
   ``python -m uvicorn benchmarks.floor_servers:asgi_app``; the floor of an ASGI
   app under uvicorn.
@@ -82,19 +87,58 @@ class H11Protocol(asyncio.Protocol):
         conn.receive_data(data)
         while True:
             event = conn.next_event()
-            if event is h11.NEED_DATA or event is h11.PAUSED:
-                if event is h11.PAUSED and conn.our_state is h11.DONE:
-                    conn.start_next_cycle()
-                    continue
+            if event is h11.PAUSED and conn.our_state is h11.DONE:
+                conn.start_next_cycle()
+                continue
+            if not isinstance(event, h11.Event):  # NEED_DATA, or PAUSED mid-request
                 return
             if type(event) is h11.EndOfMessage:
-                head = conn.send(h11.Response(status_code=200, headers=_HEADERS))
-                body = conn.send(h11.Data(data=ANSWER))
-                self.transport.write(head + body + conn.send(h11.EndOfMessage()))
+                self.transport.write(self.answer())
                 conn.start_next_cycle()
             elif type(event) is h11.ConnectionClosed:
                 self.transport.close()
                 return
+            else:
+                self.received(event)
+
+    def received(self, event: h11.Event) -> None:
+        """A request head or a piece of its body (the floor drops them)."""
+
+    def answer(self) -> bytes:
+        """The response to the request just read, as bytes to write."""
+        conn = self.conn
+        head = conn.send(h11.Response(status_code=200, headers=_HEADERS))
+        return head + conn.send(h11.Data(data=ANSWER)) + conn.send(h11.EndOfMessage())
+
+
+class H11CodecProtocol(H11Protocol):
+    """The h11 floor, but the body is decoded whole by binproto and each input
+    echoed as the output of its name (a GET gets an empty 200)."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.request: h11.Request | None = None
+        self.parts: list[bytes] = []
+
+    def received(self, event: h11.Event) -> None:
+        if type(event) is h11.Request:
+            self.request, self.parts = event, []
+        elif type(event) is h11.Data:
+            self.parts.append(event.data)
+
+    def answer(self) -> bytes:
+        conn, request = self.conn, self.request
+        assert request is not None
+        if request.method != b"POST":
+            head = conn.send(h11.Response(status_code=200, headers=[("Content-Length", "0")]))
+            return head + conn.send(h11.EndOfMessage())
+        hl = binproto.header_length_from(request.headers.raw_items())
+        decoded = binproto.decode_request(b"".join(self.parts), header_length=hl)
+        out = binproto.encode_response(decoded.tensors, model_name="echo", request=decoded.header)
+        headers = binproto.message_headers(out.header_length, out.content_length)
+        head = conn.send(h11.Response(status_code=200, headers=headers))
+        data = conn.send(h11.Data(data=b"".join(out.buffers)))
+        return head + data + conn.send(h11.EndOfMessage())
 
 
 async def asgi_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -129,7 +173,7 @@ async def binproto_asgi_app(scope: dict[str, Any], receive: Any, send: Any) -> N
 
 
 async def _serve(kind: str, port: int) -> None:
-    factory = {"bare": BareProtocol, "h11": H11Protocol}[kind]
+    factory = {"bare": BareProtocol, "h11": H11Protocol, "h11-codec": H11CodecProtocol}[kind]
     loop = asyncio.get_running_loop()
     server = await loop.create_server(factory, "127.0.0.1", port, backlog=2048)
     async with server:

@@ -5,6 +5,7 @@ No timing is asserted: only that every workload ran and reported sane fields.
 
 from __future__ import annotations
 
+import http.client
 import importlib.util
 import json
 import math
@@ -13,7 +14,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+
+import binproto
+from benchmarks.bench_throughput import COMMANDS, running
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
@@ -182,3 +187,26 @@ def test_instruction_count_loops_run_their_workload(mode: str) -> None:
     # The streaming loops assert the parser reached DONE; the decode loops
     # look every tensor up (KeyError if one is missing). No valgrind needed.
     loop(mode, 50)
+
+
+def test_the_codec_floor_echoes_what_it_is_sent() -> None:
+    """The ``h11-codec`` floor does the echo's whole work (decode, encode), or
+    its request rate would bound nothing."""
+    sent = np.arange(1024, dtype=np.float32)
+    body = binproto.encode_request({"input0": sent}, binary_data_output=True)
+    with running("h11-codec", COMMANDS["h11-codec"]) as port:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        for _ in range(2):  # and again on the same connection
+            conn.request(
+                "POST",
+                "/v2/models/echo/infer",
+                body=bytes(body),
+                headers=dict(binproto.message_headers(body.header_length, body.content_length)),
+            )
+            answer = conn.getresponse()
+            data = answer.read()
+            assert answer.status == 200
+            hl = binproto.header_length_from(answer.getheaders())
+            got = binproto.decode_response(data, header_length=hl).tensors["input0"]
+            np.testing.assert_array_equal(got, sent)
+        conn.close()
