@@ -477,10 +477,11 @@ def dumps_header(obj: Any) -> bytes:
     # Each array's place is held by a string no peer can have sent (random
     # per call), then the text around it is joined with the array's pieces.
     marks: dict[str, _ArrayData] = {}
-    secret = os.urandom(8).hex()
+    secret = ""  # drawn for the first array (a system call)
     for entries in obj.values() if isinstance(obj, dict) else ():
         for entry in entries if isinstance(entries, list) else ():
             if isinstance(entry, dict) and isinstance(entry.get("data"), _ArrayData):
+                secret = secret or os.urandom(8).hex()
                 mark = f"\x00{secret}:{len(marks)}"
                 marks[_JSON.encode(mark)] = entry["data"]
                 entry["data"] = mark

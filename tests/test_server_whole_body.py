@@ -1,0 +1,148 @@
+"""A small request body that arrives whole with its head is decoded whole
+(``MessageBody`` over ``decode_request``): the same header, tensors, events and
+faults as when the same body arrives in pieces through the parser."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import h11
+import numpy as np
+import pytest
+
+import binproto
+from binproto.adapters._server import WHOLE_BODY, BodyReader, MessageBody
+from tests.helpers import make_body, normalize
+
+
+class Pieces:
+    """A stream handing out its bytes a few at a time."""
+
+    timeout: float | None = None
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    async def receive_some(self, max_bytes: int) -> bytes:
+        data, self.data = self.data[: min(max_bytes, 7)], self.data[min(max_bytes, 7) :]
+        return data
+
+    async def send_all(self, buffers: Any) -> None:
+        raise AssertionError("nothing is sent")
+
+    async def aclose(self) -> None:
+        pass
+
+
+def message(wire: bytes, header_length: int | None, *, with_head: bool) -> MessageBody:
+    """The body of a request whose bytes came with its head, or come after it."""
+    conn = h11.Connection(h11.SERVER)
+    head = b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+    conn.receive_data(head % len(wire) + (wire if with_head else b""))
+    assert isinstance(conn.next_event(), h11.Request)
+    stream = Pieces(b"" if with_head else wire)
+    parser = binproto.Parser("request", header_length=header_length, content_length=len(wire))
+    return MessageBody(parser, BodyReader(stream, conn, len(wire), receive_in_place=False))
+
+
+def request(nbytes: int = 4096) -> tuple[bytes, int | None, dict[str, Any]]:
+    inputs = {
+        "x": np.arange(nbytes // 4, dtype=np.float32),
+        "flags": np.array([True, False]),
+        "words": np.array([b"a", b"bc"], dtype=object),
+        "json": [1, 2, 3],
+    }
+    body = binproto.encode_request(inputs)
+    return bytes(body), body.header_length, inputs
+
+
+def test_a_small_body_here_whole_is_decoded_whole() -> None:
+    wire, hl, inputs = request()
+
+    async def main(with_head: bool) -> tuple[MessageBody, dict[str, Any]]:
+        body = message(wire, hl, with_head=with_head)
+        header = await body.read_header()
+        assert [t.name for t in header.tensors] == list(inputs)
+        tensors = await body.tensors()
+        assert body.complete
+        await body.drain()
+        return body, tensors
+
+    whole, whole_tensors = asyncio.run(main(True))
+    pieces, piece_tensors = asyncio.run(main(False))
+    assert whole.assembler is None  # no events, no assembler
+    assert pieces.assembler is not None
+    for name in inputs:
+        np.testing.assert_array_equal(whole_tensors[name], piece_tensors[name])
+        assert whole_tensors[name].dtype == piece_tensors[name].dtype
+    assert whole_tensors["x"].flags.writeable  # memory of its own, as the assembler's
+    whole_tensors["x"][0] = 7.0
+
+
+def test_a_body_over_the_bound_or_in_pieces_goes_through_the_parser() -> None:
+    wire, hl, _ = request(WHOLE_BODY)
+    assert len(wire) > WHOLE_BODY
+
+    async def main() -> MessageBody:
+        body = message(wire, hl, with_head=True)
+        await body.read_header()
+        await body.tensors()
+        return body
+
+    assert asyncio.run(main()).assembler is not None
+
+
+def test_events_of_a_body_decoded_whole_are_the_parsers() -> None:
+    wire, hl, _ = request()
+
+    async def main(with_head: bool) -> list[Any]:
+        body = message(wire, hl, with_head=with_head)
+        await body.read_header()
+        events = [event async for event in body]
+        assert body.complete
+        return events
+
+    whole, pieces = asyncio.run(main(True)), asyncio.run(main(False))
+    assert normalize(whole) == normalize(pieces)
+    assert type(whole[-1]) is binproto.MessageComplete
+
+
+def test_destinations_get_a_body_decoded_whole() -> None:
+    wire, hl, inputs = request()
+    into = np.zeros(1024, dtype=np.float32)
+
+    async def main() -> dict[str, Any]:
+        body = message(wire, hl, with_head=True)
+        await body.read_header()
+        return await body.tensors({"x": into})
+
+    tensors = asyncio.run(main())
+    assert tensors["x"] is into
+    np.testing.assert_array_equal(into, inputs["x"])
+
+
+TENSOR = {"name": "b", "datatype": "BOOL", "shape": [2], "parameters": {"binary_data_size": 2}}
+FAULTS = {
+    "bool byte": make_body({"inputs": [TENSOR]}, b"\x01\x02"),
+    "short of its claim": make_body({"inputs": [TENSOR]}, b"\x01"),
+    "bytes after its tensors": make_body({"inputs": [TENSOR]}, b"\x01\x00\x00"),
+    "bad json": (b'{"inputs": [}', 13),
+    "repeated key": (b'{"inputs":[],"inputs":[]}', 25),
+    "plain json with binary": (json.dumps({"inputs": [TENSOR]}).encode() + b"\x01\x00", None),
+}
+
+
+@pytest.mark.parametrize("case", FAULTS)
+def test_faults_of_a_body_decoded_whole_are_the_parsers(case: str) -> None:
+    wire, hl = FAULTS[case]
+
+    async def main(with_head: bool) -> tuple[str, int, int | None]:
+        body = message(wire, hl, with_head=with_head)
+        with pytest.raises(binproto.RemoteProtocolError) as exc:
+            await body.read_header()
+            await body.tensors()
+        return exc.value.msg, exc.value.status_hint, exc.value.offset
+
+    assert asyncio.run(main(True)) == asyncio.run(main(False))
