@@ -113,6 +113,10 @@ MAX_HEAD = 64 * 1024
 DISCARD_LIMIT = 256 * 1024 * 1024
 #: Decompressed tensor bytes handed out between two chances for other tasks to run.
 YIELD_BYTES = 1 << 20
+#: A body of at most this many bytes that has all arrived with its head is
+#: decoded whole (:func:`binproto.decode_request`): the parser's checks
+#: without its events, and one copy into memory of its own.
+WHOLE_BODY = 1 << 16
 #: JSON headers at least this long are parsed in a worker thread when the
 #: stream offers ``to_thread``, so the event loop goes on serving meanwhile.
 THREAD_HEADER = 1 << 20
@@ -446,6 +450,26 @@ class BodyReader:
         self._remaining = remaining - len(data)
         return data
 
+    def take_whole(self, most: int) -> bytearray | None:
+        """The rest of a ``Content-Length`` body of at most ``most`` bytes that
+        has all been received already, as a copy of its own (so its arrays are
+        writable and hold nothing else received); else None. The body is then
+        read to its end."""
+        remaining = self._remaining
+        start = self._taken
+        if (
+            not self.direct
+            or remaining is None
+            or remaining > most
+            or self.failed is not None
+            or len(self._pending) - start < remaining
+        ):
+            return None
+        self._taken = start + remaining
+        self._remaining = 0
+        self.done = True
+        return bytearray(memoryview(self._pending)[start : self._taken])
+
     async def read_into(self, view: memoryview) -> int:
         """Receive body bytes into ``view`` (only when ``direct``); returns how many."""
         assert self.in_place and self._receive_into is not None and self._remaining is not None
@@ -506,6 +530,10 @@ class MessageBody:
         )
         self._start = b""  # the first and last bytes of a body read ahead
         self._end = b""
+        # A small body decoded whole (see WHOLE_BODY): its bytes, until the
+        # parser is given them (when events are asked for), and its tensors.
+        self._whole: bytearray | None = None
+        self._decoded: dict[str, np.ndarray[Any, Any]] | None = None
 
     async def _next_in_thread(self) -> Event | NeedData:
         """``parser.next_event()`` in a worker thread: the call that parses a
@@ -520,11 +548,46 @@ class MessageBody:
 
     @property
     def complete(self) -> bool:
-        """True once MessageComplete has been returned."""
-        return self.parser.state is binproto.ParserState.DONE
+        """True once MessageComplete has been returned (or the body decoded whole)."""
+        return self._whole is not None or self.parser.state is binproto.ParserState.DONE
+
+    def _decode_whole(self) -> None:
+        """Decode a small body that is all here at once, whole: the parser's
+        own checks (in :func:`binproto.decode_request`), without its events."""
+        parser = self.parser
+        if parser.content_encoding is not None or parser.header_length == 0:
+            return  # compressed, or raw: the parser's own path
+        body = self._reader.take_whole(WHOLE_BODY)
+        if body is None:
+            return
+        self._fed = len(body)
+        decode = binproto.decode_request if parser.kind == "request" else binproto.decode_response
+        decoded = decode(
+            body,
+            header_length=parser.header_length,
+            limits=parser.limits,
+            strict_bool=parser.strict_bool,
+        )
+        self.header = decoded.header
+        self._whole = body
+        self._decoded = decoded.tensors
+
+    def _to_parser(self) -> None:
+        """Give the parser a body decoded whole, for its events: its header
+        event is taken here, as :meth:`read_header` took it."""
+        body = self._whole
+        if body is None:
+            return
+        self._whole = self._decoded = None
+        parser = self.parser
+        parser.receive_data(body)
+        event = parser.next_event()
+        assert type(event) is HeaderParsed
+        self._header_event = event
 
     async def next_event(self) -> Event:
         """The next parser event; reads the stream only when the parser needs bytes."""
+        self._to_parser()
         parser = self.parser
         while True:
             big = self._big_header
@@ -575,6 +638,8 @@ class MessageBody:
 
     async def read_header(self) -> InferenceHeader:
         """Read up to HeaderParsed (if not done yet) and return the header."""
+        if self.header is None and not self._fed:
+            self._decode_whole()
         while self.header is None:
             await self.next_event()
         return self.header
@@ -583,6 +648,7 @@ class MessageBody:
         return self._events()
 
     async def _events(self) -> AsyncIterator[Event]:
+        self._to_parser()
         while not self.complete:
             yield await self.next_event()
 
@@ -601,6 +667,9 @@ class MessageBody:
         """
         if self._tensor_events:
             raise LocalProtocolError("tensors() needs every tensor event; some were taken")
+        if self._decoded is not None and destinations is None:
+            return self._decoded
+        self._to_parser()
         asm = TensorAssembler(destinations)
         self.assembler = asm
         if self._header_event is not None:
