@@ -835,6 +835,23 @@ def route(method: str, target: str) -> Route:
     return Route("not_found")
 
 
+#: Targets up to this long have their routes remembered (see _route_of).
+_REMEMBERED_TARGET = 256
+
+
+@functools.lru_cache(maxsize=256)
+def _remembered_route(target: str) -> Route:
+    return route("", target)
+
+
+def _route_of(target: str) -> Route:
+    """``route(target)``; a server sees the same few targets again and again,
+    so the routes of the last 256 short ones are kept (a few dozen KiB at most)."""
+    if len(target) <= _REMEMBERED_TARGET:
+        return _remembered_route(target)
+    return route("", target)
+
+
 def _next_connection(rest: tuple[bytes, bool]) -> h11.Connection:
     """A fresh h11 connection for the next request on a stream, holding
     ``rest``: what was received past the last request, and whether the peer
@@ -1040,7 +1057,7 @@ class V2Server:
             await self._send_error_and_close(stream, framer, exc)
             return None
         target = req.target.decode("latin-1")
-        r = route(req.method.decode("latin-1"), target)
+        r = _route_of(target)
         reader = BodyReader(stream, conn, length, receive_in_place=self.zero_copy)
         try:
             if r.kind != "not_found" and req.method.decode("latin-1") != r.method:
@@ -1173,7 +1190,8 @@ class V2Server:
                 # not allocate, say) is refused with the handler's answer now.
                 await body.drain()
             raise
-        await body.drain()
+        if not body.complete:
+            await body.drain()
         if isinstance(result, (StreamingResponse, EncodedBody)):
             return body, result
         version = r.version

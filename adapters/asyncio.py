@@ -180,6 +180,9 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
         timeout: float | None = None,
     ) -> None:
         self.transport: asyncio.Transport | None = None
+        # Looked up once: before Python 3.12, get_running_loop() makes a
+        # getpid() system call each time.
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._on_connect = on_connect
         self._timeout = timeout
         self._target: memoryview | None = None  # the waiting receive_into's memory
@@ -198,7 +201,8 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        self._closed = asyncio.get_running_loop().create_future()
+        self._loop = loop = asyncio.get_running_loop()
+        self._closed = loop.create_future()
         if self._on_connect is not None:
             self._on_connect(BufferedStream(self, self._timeout))
 
@@ -263,9 +267,8 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
     async def _wait_for_bytes(self, target: memoryview | None, timeout: float | None) -> None:
         """Wait until a read put bytes in ``target`` (or, with None, in the
         leftover), or the stream ended; TimeoutError after ``timeout`` seconds."""
-        transport = self.transport
-        assert transport is not None
-        loop = asyncio.get_running_loop()
+        transport, loop = self.transport, self._loop
+        assert transport is not None and loop is not None
         self._target = target
         self._received = 0
         self._waiter = waiter = loop.create_future()
@@ -313,7 +316,8 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
         if self.transport is None or self.transport.is_closing():
             raise ConnectionResetError("the connection is closed")
         if self._paused:
-            self._writable = asyncio.get_running_loop().create_future()
+            assert self._loop is not None
+            self._writable = self._loop.create_future()
             await _within(self._writable, timeout, _TAKE)
             if self.transport.is_closing():
                 raise ConnectionResetError("the connection is closed")

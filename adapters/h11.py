@@ -121,9 +121,9 @@ class ResponseFramer:
         self.keep_alive = request is not None and not self._http10
         if request is not None:
             for name, value in request.headers.raw_items():
-                tokens = value.lower().replace(b" ", b"").split(b",")
-                if name.lower() == b"connection" and b"close" in tokens:
-                    self.keep_alive = False
+                if name.lower() == b"connection":
+                    if b"close" in value.lower().replace(b" ", b"").split(b","):
+                        self.keep_alive = False
         self._length: int | None = None  # body bytes still due (Content-Length)
         self._chunked = False
 

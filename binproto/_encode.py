@@ -503,9 +503,9 @@ def dumps_header(obj: Any) -> bytes:
 def _body(obj: dict[str, Any], buffers: list[bytes | memoryview]) -> EncodedBody:
     header = dumps_header(obj)
     binary = bool(buffers)
-    content_length = len(header) + sum(
-        b.nbytes if isinstance(b, memoryview) else len(b) for b in buffers
-    )
+    content_length = len(header)
+    for b in buffers:
+        content_length += b.nbytes if isinstance(b, memoryview) else len(b)
     header_length = len(header) if binary else None
     return EncodedBody(
         json=header,

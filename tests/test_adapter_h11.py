@@ -21,7 +21,7 @@ from binproto import (
     RemoteProtocolError,
     TensorAssembler,
 )
-from binproto.adapters._server import route
+from binproto.adapters._server import _remembered_route, _route_of, route
 from binproto.adapters.h11 import (
     PIECE,
     ResponseFramer,
@@ -225,6 +225,18 @@ def test_error_response_is_the_v2_error_body() -> None:
 def test_route(method: str, target: str, expected: tuple[str, str | None, str | None]) -> None:
     r = route(method, target)
     assert (r.kind, r.model, r.version) == expected
+    assert _route_of(target) == r
+
+
+def test_routes_of_short_targets_only_are_remembered() -> None:
+    # A peer picks targets: what the server keeps of them stays small.
+    short = "/v2/models/remembered/infer"
+    first = _route_of(short)
+    assert _route_of(short) is first
+    kept = _remembered_route.cache_info().currsize
+    long = "/v2/models/" + "x" * 10_000 + "/infer"
+    assert _route_of(long).model == "x" * 10_000
+    assert _remembered_route.cache_info().currsize == kept
 
 
 def test_receive_body_into_receives_tensors_in_place() -> None:
