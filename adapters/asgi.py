@@ -382,7 +382,18 @@ async def send_buffers(
     message costs the server a write. The last message ends the body.
     ``buffers`` may be lazy (a compressor's output): it is read as it is sent.
     """
-    await send({"type": "http.response.start", "status": status, "headers": _raw_headers(headers)})
+    await _send_raw(send, buffers, status, _raw_headers(headers), chunk_size)
+
+
+async def _send_raw(
+    send: Send,
+    buffers: Iterable[Any],
+    status: int,
+    raw_headers: list[tuple[bytes, bytes]],
+    chunk_size: int,
+) -> None:
+    """:func:`send_buffers` with headers already as ASGI wants them."""
+    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
     pieces = (piece for buffer in buffers for piece in _pieces(buffer, chunk_size))
     held: Any = b""
     for piece in gather_small(pieces):
@@ -427,13 +438,7 @@ class BufferResponse(_ResponseBase):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Send the response (an ASGI application)."""
-        await send_buffers(
-            send,
-            self.buffers,
-            status=self.status_code,
-            headers=self.raw_headers,
-            chunk_size=self.chunk_size,
-        )
+        await _send_raw(send, self.buffers, self.status_code, self.raw_headers, self.chunk_size)
         if self.background is not None:
             await self.background()
 
@@ -498,13 +503,7 @@ class EncodedResponse(BufferResponse):
             await super().__call__(scope, receive, send)
             return
         pieces = compress_buffers(self.buffers, self.encoding, level=self.compression_level)
-        await send_buffers(
-            send,
-            pieces,
-            status=self.status_code,
-            headers=self.raw_headers,
-            chunk_size=self.chunk_size,
-        )
+        await _send_raw(send, pieces, self.status_code, self.raw_headers, self.chunk_size)
         if self.background is not None:
             await self.background()
 

@@ -274,7 +274,7 @@ def _prepare(name: Any, value: Any, datatype: str | None, params: Any, role: str
             raise _fail(f"{label}: {value!r} does not fit in INT64")
         value = np.asarray(value)
     if isinstance(value, (np.ndarray, np.generic)):
-        arr = np.asarray(value)
+        arr = value if type(value) is np.ndarray else np.asarray(value)
         natural = datatype_for_dtype(arr.dtype)
         dt = _datatype(datatype, label) if datatype is not None else natural
         if dt is None:
@@ -389,12 +389,22 @@ def _is_utf8(data: bytes) -> bool:
 
 
 def _place(
-    prepared: list[_Prepared], binary: list[bool], role: str
-) -> tuple[list[dict[str, Any]], list[bytes | memoryview]]:
-    """The JSON objects of the tensors, and the buffers of the binary ones."""
+    prepared: list[_Prepared], binary: list[bool], role: str, *, utf8_fallback: bool = False
+) -> tuple[list[dict[str, Any]], list[bytes | memoryview], bool]:
+    """The JSON objects of the tensors, the buffers of the binary ones, and
+    whether an array's JSON data is among the objects (see dumps_header).
+
+    ``binary`` is the caller's choice per tensor; FP16 and BF16 always travel
+    binary, and with ``utf8_fallback`` so do BYTES that JSON cannot carry."""
     objs: list[dict[str, Any]] = []
     buffers: list[bytes | memoryview] = []
-    for p, as_binary in zip(prepared, binary, strict=True):
+    arrays = False
+    for p, chosen in zip(prepared, binary, strict=True):
+        as_binary = (
+            chosen
+            or p.datatype in _ALWAYS_BINARY
+            or (utf8_fallback and p.elements is not None and not all(map(_is_utf8, p.elements)))
+        )
         obj: dict[str, Any] = {"name": p.name, "datatype": p.datatype, "shape": p.shape}
         params = p.parameters
         if as_binary:
@@ -416,8 +426,9 @@ def _place(
             else:
                 assert p.array is not None
                 obj["data"] = _ArrayData(p.array.ravel())
+                arrays = True
         objs.append(obj)
-    return objs, buffers
+    return objs, buffers, arrays
 
 
 # Built once: json.dumps with arguments builds an encoder on every call.
@@ -466,19 +477,19 @@ def _numbers(part: np.ndarray[Any, Any]) -> str:
     return _JSON.encode(part.tolist())[1:-1]
 
 
-def dumps_header(obj: Any) -> bytes:
+def dumps_header(obj: Any, *, arrays: bool = True) -> bytes:
     """Serialize a JSON header: compact UTF-8 JSON.
 
     Strict JSON except ``NaN`` / ``Infinity`` / ``-Infinity`` for non-finite
     float data, the tokens tritonclient emits and Triton and binproto accept.
     An array's JSON data (from the encoder) is written a slice at a time and
-    put in its place in the text.
+    put in its place in the text; ``arrays=False`` says there is none.
     """
     # Each array's place is held by a string no peer can have sent (random
     # per call), then the text around it is joined with the array's pieces.
     marks: dict[str, _ArrayData] = {}
     secret = ""  # drawn for the first array (a system call)
-    for entries in obj.values() if isinstance(obj, dict) else ():
+    for entries in obj.values() if arrays and isinstance(obj, dict) else ():
         for entry in entries if isinstance(entries, list) else ():
             if isinstance(entry, dict) and isinstance(entry.get("data"), _ArrayData):
                 secret = secret or os.urandom(8).hex()
@@ -500,8 +511,8 @@ def dumps_header(obj: Any) -> bytes:
     return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
-def _body(obj: dict[str, Any], buffers: list[bytes | memoryview]) -> EncodedBody:
-    header = dumps_header(obj)
+def _body(obj: dict[str, Any], buffers: list[bytes | memoryview], arrays: bool) -> EncodedBody:
+    header = dumps_header(obj, arrays=arrays)
     binary = bool(buffers)
     content_length = len(header)
     for b in buffers:
@@ -528,11 +539,6 @@ def _binary_choice(binary: Any, prepared: list[_Prepared], role: str) -> list[bo
     if unknown:
         raise _fail(f"binary names {unknown} are not {role}s being encoded")
     return [p.name in binary for p in prepared]
-
-
-def _finish_choice(prepared: list[_Prepared], choice: list[bool]) -> list[bool]:
-    """FP16/BF16 always travel binary."""
-    return [c or p.datatype in _ALWAYS_BINARY for p, c in zip(prepared, choice, strict=True)]
 
 
 def _put(obj: dict[str, Any], key: str, value: Any) -> None:
@@ -600,8 +606,8 @@ def encode_request(
     that are not valid UTF-8 sent as JSON data.
     """
     prepared = _prepare_all(inputs, "input")
-    choice = _finish_choice(prepared, _binary_choice(binary, prepared, "input"))
-    tensors, buffers = _place(prepared, choice, "input")
+    choice = _binary_choice(binary, prepared, "input")
+    tensors, buffers, arrays = _place(prepared, choice, "input")
     params = _message_parameters(parameters, "the request")
     if binary_data_output is not None:
         if not isinstance(binary_data_output, bool):
@@ -623,7 +629,7 @@ def encode_request(
         if len(set(names)) != len(names):
             raise _fail(f"duplicate requested output names in {names}")
         obj["outputs"] = requested
-    return _body(obj, buffers)
+    return _body(obj, buffers, arrays)
 
 
 def _policy(
@@ -647,14 +653,6 @@ def _policy(
         bd = asked[p.name].binary_data
         choice.append(bd if bd is not None else default)
     return kept, choice
-
-
-def _utf8_fallback(prepared: list[_Prepared], choice: list[bool]) -> list[bool]:
-    """BYTES that JSON cannot carry travel binary whatever the request asked."""
-    return [
-        c or (p.elements is not None and not all(map(_is_utf8, p.elements)))
-        for p, c in zip(prepared, choice, strict=True)
-    ]
 
 
 def encode_response(
@@ -693,14 +691,13 @@ def encode_response(
     """
     prepared = _prepare_all(outputs, "output")
     if request is not None:
+        # BYTES that JSON cannot carry travel binary whatever the request asked.
         prepared, choice = _policy(request, prepared)
-        choice = _utf8_fallback(prepared, choice)
         if id is None:
             id = request.id
     else:
         choice = _binary_choice(binary, prepared, "output")
-    choice = _finish_choice(prepared, choice)
-    tensors, buffers = _place(prepared, choice, "output")
+    tensors, buffers, arrays = _place(prepared, choice, "output", utf8_fallback=request is not None)
     if not isinstance(model_name, str):
         raise _fail("model_name must be a string")
     obj: dict[str, Any] = {"model_name": model_name}
@@ -710,4 +707,4 @@ def encode_response(
     if params:
         obj["parameters"] = params
     obj["outputs"] = tensors
-    return _body(obj, buffers)
+    return _body(obj, buffers, arrays)

@@ -125,7 +125,10 @@ class InferenceHeader(NamedTuple):
     @property
     def binary_size(self) -> int:
         """Total bytes of binary tensor data following the header."""
-        return sum(t.binary_size or 0 for t in self.tensors)
+        total = 0
+        for t in self.tensors:
+            total += t.binary_size or 0
+        return total
 
     def tensor(self, name: str) -> TensorInfo:
         """The tensor called ``name`` (KeyError if there is none)."""
@@ -227,14 +230,15 @@ def _tensor(t: Any, index: int, role: str, limits: Limits, seen: set[str]) -> Te
     elements = math.prod(shape)
 
     size = params.get("binary_data_size")
-    if (size is not None or "binary_data_size" in params) + ("data" in t) + (
-        "shared_memory_region" in params
-    ) != 1:
+    binary = size is not None or "binary_data_size" in params
+    has_data = "data" in t
+    shared = "shared_memory_region" in params
+    if binary + has_data + shared != 1:
         raise _not_one_place(t, params, role, name)
 
     array: np.ndarray[Any, Any] | None = None
     data = t.get("data")
-    if size is not None or "binary_data_size" in params:
+    if binary:
         if type(size) is not int or size < 0:
             raise _fail(
                 f"Unable to parse 'binary_data_size' of {role} '{name}':"
@@ -248,7 +252,7 @@ def _tensor(t: Any, index: int, role: str, limits: Limits, seen: set[str]) -> Te
             )
         _check_binary_size(dt, elements, size, role, name)
         nbytes = size
-    elif "data" in t:
+    elif has_data:
         array = json_data_to_array(data, dt, shape, f"{role} '{name}'", elements)
         if dt.itemsize is not None:
             nbytes = elements * dt.itemsize
@@ -269,7 +273,7 @@ def _tensor(t: Any, index: int, role: str, limits: Limits, seen: set[str]) -> Te
         data=data,
         nbytes=nbytes,
         array=array,
-        shared_memory="shared_memory_region" in params,
+        shared_memory=shared,
     )
 
 

@@ -63,8 +63,9 @@ class HeaderFields:
         conflicts: dict[str, tuple[str, str]] = {}
         items = headers.items() if isinstance(headers, Mapping) else headers
         for key, value in items:
-            name = _text(key).lower()
-            text = _text(value).strip()
+            # (_text inline: this runs for every header of every request a server reads)
+            name = (key.decode("latin-1") if isinstance(key, bytes) else key).lower()
+            text = (value.decode("latin-1") if isinstance(value, bytes) else value).strip()
             first = values.setdefault(name, text)
             if first != text:
                 conflicts.setdefault(name, (first, text))
@@ -78,7 +79,7 @@ class HeaderFields:
         with different values.
         """
         wanted = name.lower()
-        if wanted in self._conflicts:
+        if self._conflicts and wanted in self._conflicts:
             first, other = self._conflicts[wanted]
             raise RemoteProtocolError(f"conflicting {name} headers: {first!r} and {other!r}")
         return self._values.get(wanted)
