@@ -65,6 +65,7 @@ from binproto import (
 )
 from binproto._assemble import Destinations
 from binproto._compression import GZIP_AHEAD, check_gzip_size
+from binproto._util import aligned_arrays, aligned_copy
 
 from .h11 import (
     ResponseFramer,
@@ -450,11 +451,12 @@ class BodyReader:
         self._remaining = remaining - len(data)
         return data
 
-    def take_whole(self, most: int) -> bytearray | None:
+    def take_whole(self, most: int, align_at: int) -> memoryview | None:
         """The rest of a ``Content-Length`` body of at most ``most`` bytes that
         has all been received already, as a copy of its own (so its arrays are
-        writable and hold nothing else received); else None. The body is then
-        read to its end."""
+        writable and hold nothing else received) whose byte ``align_at`` is
+        aligned (see :func:`binproto._util.aligned_copy`); else None. The body
+        is then read to its end."""
         remaining = self._remaining
         start = self._taken
         if (
@@ -468,7 +470,7 @@ class BodyReader:
         self._taken = start + remaining
         self._remaining = 0
         self.done = True
-        return bytearray(memoryview(self._pending)[start : self._taken])
+        return aligned_copy(memoryview(self._pending)[start : self._taken], align_at)
 
     async def read_into(self, view: memoryview) -> int:
         """Receive body bytes into ``view`` (only when ``direct``); returns how many."""
@@ -511,7 +513,8 @@ class MessageBody:
         self._header_event: HeaderParsed | None = None
         self._fed = 0  # body bytes given to the parser
         self._tensor_events = False  # next_event() has returned tensor events
-        #: The assembler :meth:`tensors` used (its counters tell what was copied).
+        #: The assembler :meth:`tensors` used (its counters tell what was
+        #: copied); None when the body was decoded whole (see WHOLE_BODY).
         self.assembler: TensorAssembler | None = None
         # The length of a JSON header big enough to parse off the event loop.
         length = parser.header_length if parser.header_length is not None else parser.content_length
@@ -531,9 +534,12 @@ class MessageBody:
         self._start = b""  # the first and last bytes of a body read ahead
         self._end = b""
         # A small body decoded whole (see WHOLE_BODY): its bytes, until the
-        # parser is given them (when events are asked for), and its tensors.
-        self._whole: bytearray | None = None
+        # parser is given them (when events are asked for), and its tensors;
+        # then whether they were taken whole (tensors(), or drained unread):
+        # the body is then complete, with no events to hand out.
+        self._whole: memoryview | None = None
         self._decoded: dict[str, np.ndarray[Any, Any]] | None = None
+        self._taken_whole = False
 
     async def _next_in_thread(self) -> Event | NeedData:
         """``parser.next_event()`` in a worker thread: the call that parses a
@@ -548,8 +554,14 @@ class MessageBody:
 
     @property
     def complete(self) -> bool:
-        """True once MessageComplete has been returned (or the body decoded whole)."""
-        return self._whole is not None or self.parser.state is binproto.ParserState.DONE
+        """True once MessageComplete has been returned, or a body decoded
+        whole was taken whole (by :meth:`tensors` or :meth:`drain`)."""
+        return self._taken_whole or self.parser.state is binproto.ParserState.DONE
+
+    def _take_whole(self) -> None:
+        """A body decoded whole is taken whole: no events are left."""
+        self._taken_whole = True
+        self._whole = self._decoded = None
 
     def _decode_whole(self) -> None:
         """Decode a small body that is all here at once, whole: the parser's
@@ -557,7 +569,7 @@ class MessageBody:
         parser = self.parser
         if parser.content_encoding is not None or parser.header_length == 0:
             return  # compressed, or raw: the parser's own path
-        body = self._reader.take_whole(WHOLE_BODY)
+        body = self._reader.take_whole(WHOLE_BODY, parser.header_length or 0)
         if body is None:
             return
         self._fed = len(body)
@@ -570,7 +582,7 @@ class MessageBody:
         )
         self.header = decoded.header
         self._whole = body
-        self._decoded = decoded.tensors
+        self._decoded = aligned_arrays(decoded.tensors)
 
     def _to_parser(self) -> None:
         """Give the parser a body decoded whole, for its events: its header
@@ -587,6 +599,8 @@ class MessageBody:
 
     async def next_event(self) -> Event:
         """The next parser event; reads the stream only when the parser needs bytes."""
+        if self._taken_whole:
+            raise LocalProtocolError("no more events: the message is complete")
         self._to_parser()
         parser = self.parser
         while True:
@@ -654,6 +668,9 @@ class MessageBody:
 
     async def drain(self) -> None:
         """Parse (and drop) the rest of the body, so that it is checked to the end."""
+        if self._whole is not None:  # decoded whole: checked to the end already
+            self._take_whole()
+            return
         while not self.complete:
             await self.next_event()
 
@@ -667,8 +684,10 @@ class MessageBody:
         """
         if self._tensor_events:
             raise LocalProtocolError("tensors() needs every tensor event; some were taken")
-        if self._decoded is not None and destinations is None:
-            return self._decoded
+        decoded = self._decoded
+        if decoded is not None and destinations is None:
+            self._take_whole()
+            return decoded
         self._to_parser()
         asm = TensorAssembler(destinations)
         self.assembler = asm

@@ -66,7 +66,7 @@ from binproto._compression import (
 )
 from binproto._decode import decode
 from binproto._http import error_text
-from binproto._util import as_byte_view, gather_small
+from binproto._util import aligned_arrays, aligned_copy, as_byte_view, gather_small
 
 if TYPE_CHECKING:
     from starlette.background import BackgroundTask
@@ -314,13 +314,17 @@ async def read_request(
         if compressed and len(first) == length:
             ahead = (bytes(first[:2]), bytes(first[-4:]))
         if not compressed and len(first) == length and destinations is None:
-            return decode(
+            # Writable, aligned arrays of their own, as the assembler's.
+            hl = parser.header_length
+            decoded = decode(
                 "request",
-                bytearray(first),  # writable arrays of their own, as the assembler's
-                header_length=parser.header_length,
+                aligned_copy(first, hl or 0),
+                header_length=hl,
                 limits=parser.limits,
                 strict_bool=strict_bool,
             )
+            tensors = aligned_arrays(decoded.tensors)
+            return decoded if tensors is decoded.tensors else decoded._replace(tensors=tensors)
     assembler = TensorAssembler(destinations)
     for event in early:
         assembler.feed(event)

@@ -189,6 +189,13 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
         self._want = 1 << 16  # size of a buffer made for a waiting receive_some
         self._spare: bytearray | None = None  # the buffer get_buffer made
         self._waiter: asyncio.Future[None] | None = None
+        # The waiting read's deadline (loop time) and its timeout in seconds;
+        # one timer per connection, armed at or before the deadline and moved
+        # only when it fires (see _wait_for_bytes).
+        self._deadline: float | None = None
+        self._timeout_s = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self._received = 0  # bytes the last read put into _target
         self._leftover = bytearray()  # bytes received with no _target to put them in
         self._eof = False
@@ -240,6 +247,9 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
         return True  # keep the transport open: we may still answer
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self._eof = True
         self._target = None
         self._wake()
@@ -266,19 +276,27 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
 
     async def _wait_for_bytes(self, target: memoryview | None, timeout: float | None) -> None:
         """Wait until a read put bytes in ``target`` (or, with None, in the
-        leftover), or the stream ended; TimeoutError after ``timeout`` seconds."""
+        leftover), or the stream ended; TimeoutError after ``timeout`` seconds.
+
+        A keep-alive connection waits once or twice per request: instead of a
+        timer made and cancelled per wait (two operations on the event loop's
+        timer heap), the connection's one timer stays armed and, when it
+        fires, is moved to the deadline of the wait then under way, if any."""
         transport, loop = self.transport, self._loop
         assert transport is not None and loop is not None
         self._target = target
         self._received = 0
         self._waiter = waiter = loop.create_future()
         transport.resume_reading()  # (a no-op unless bytes nobody asked for paused it)
-        timer = None if timeout is None else loop.call_later(timeout, _expire, waiter, timeout)
+        if timeout is not None:
+            self._deadline = deadline = loop.time() + timeout
+            self._timeout_s = timeout
+            if self._timer is None or deadline < self._timer_at:
+                self._arm(deadline)
         try:
             await waiter
         finally:
-            if timer is not None:
-                timer.cancel()
+            self._deadline = None
             if self._waiter is waiter:  # timed out or cancelled: nobody waits any more
                 self._waiter = None
                 self._target = None
@@ -326,10 +344,25 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
         if self._closed is not None:
             await self._closed
 
+    def _arm(self, at: float) -> None:
+        assert self._loop is not None
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._loop.call_at(at, self._on_timer)
+        self._timer_at = at
 
-def _expire(waiter: asyncio.Future[None], timeout: float) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError(f"no bytes from the peer within {timeout} s"))
+    def _on_timer(self) -> None:
+        """The connection's timer fired: time out the waiting read if its
+        deadline has passed, else wait on for it (no wait: the timer lapses)."""
+        self._timer = None
+        deadline, waiter = self._deadline, self._waiter
+        if deadline is None or waiter is None or waiter.done():
+            return
+        assert self._loop is not None
+        if self._loop.time() >= deadline:
+            waiter.set_exception(TimeoutError(f"no bytes from the peer within {self._timeout_s} s"))
+        else:
+            self._arm(deadline)
 
 
 class _ReceiveInto(_WorkerThreads):

@@ -9,7 +9,15 @@ import numpy as np
 
 from ._errors import LocalProtocolError, RemoteProtocolError
 
-__all__ = ["GATHER_BELOW", "as_byte_view", "check_bool", "gather_small"]
+__all__ = [
+    "ALIGNMENT",
+    "GATHER_BELOW",
+    "aligned_arrays",
+    "aligned_copy",
+    "as_byte_view",
+    "check_bool",
+    "gather_small",
+]
 
 _NOT_CONTIGUOUS = "buffers passed to binproto must be C-contiguous"
 
@@ -33,6 +41,32 @@ def as_byte_view(data: Any) -> memoryview:
     if mv.format != "B" or mv.ndim != 1:
         mv = mv.cast("B")
     return mv
+
+
+#: Alignment, in bytes, of the memory CPython's allocators hand out on 64-bit
+#: platforms (malloc, and pymalloc since Python 3.8): that of every numpy dtype.
+ALIGNMENT = 16
+
+
+def aligned_copy(data: Any, at: int) -> memoryview:
+    """A writable copy of the bytes ``data`` in memory of its own, placed so
+    that its byte ``at`` (where a body's first tensor starts) is
+    :data:`ALIGNMENT`-aligned: a body decoded whole over the copy hands out
+    arrays aligned as the assembler's, without a copy per tensor (see also
+    :func:`aligned_arrays`)."""
+    pad = -at % ALIGNMENT
+    copy = bytearray(pad)
+    copy += as_byte_view(data)
+    return memoryview(copy)[pad:]
+
+
+def aligned_arrays(tensors: dict[str, Any]) -> dict[str, Any]:
+    """``tensors`` with each array that is not aligned for its dtype (a
+    tensor after one of an odd size, in a body decoded whole) replaced by an
+    aligned copy; the same dict when all are."""
+    if all(a.flags.aligned for a in tensors.values()):
+        return tensors
+    return {name: a if a.flags.aligned else a.copy() for name, a in tensors.items()}
 
 
 def _array_bytes(data: Any, exc: ValueError) -> memoryview:

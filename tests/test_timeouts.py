@@ -144,6 +144,23 @@ def test_an_idle_connection_is_closed_after_keep_alive(backend: str) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_short_keep_alive_after_a_long_body_wait_still_closes_in_time(backend: str) -> None:
+    # The body is waited for under its 30 s bound, then the connection idles
+    # under a 0.2 s one: the earlier deadline counts (asyncio keeps one timer
+    # per connection, moved only when it fires, so it must be moved sooner).
+    wire = _request(np.arange(4000, dtype=np.float32))
+    with serving(backend, Timeouts(keep_alive=0.2, head=30, body=30, write=30)) as port:
+        with _connect(port) as sock:
+            sock.sendall(wire[:-100])
+            time.sleep(0.5)  # past the keep-alive: the body's bound is the one running
+            sock.sendall(wire[-100:])
+            start = time.monotonic()
+            data = _until_closed(sock)
+            assert data.startswith(b"HTTP/1.1 200 ") and data.count(b"HTTP/1.1") == 1
+            assert time.monotonic() - start < 3
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_dripped_head_is_cut_at_its_deadline(backend: str) -> None:
     # Each byte comes well within every per-read bound: only a deadline on
     # the whole head cuts it.
