@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import time
 import traceback
 import urllib.parse
@@ -328,6 +329,7 @@ class BodyReader:
         content_length: int | None,
         *,
         receive_in_place: bool,
+        ahead: Any = b"",
     ) -> None:
         self._stream = stream
         offers = capabilities(stream)
@@ -348,8 +350,15 @@ class BodyReader:
         )
         #: h11 is bypassed: the body has a Content-Length.
         self.direct = content_length is not None
-        # What h11 received past the head, read before the stream.
-        self._pending, self._ended = conn.trailing_data if self.direct else (b"", False)
+        # What was received past the head, read before the stream: what h11
+        # holds, then ``ahead`` (received with the head's end, not given to h11).
+        self._pending: Any = b""
+        self._ended = False
+        if self.direct:
+            held, self._ended = conn.trailing_data
+            self._pending = held + bytes(ahead) if len(held) else ahead
+        elif len(ahead):
+            conn.receive_data(ahead)
         self._taken = 0  # bytes of _pending handed out
         # Streams that buffer ahead may prefer larger reads of the body.
         self._read_size = offers.read_size
@@ -361,7 +370,7 @@ class BodyReader:
         """True when :meth:`read_into` may be used now."""
         return self.direct and self._receive_into is not None and self._taken == len(self._pending)
 
-    def rest(self) -> tuple[bytes, bool]:
+    def rest(self) -> tuple[Any, bool]:
         """What was received past the body (the start of the next message),
         and whether the peer closed its side: ``h11.Connection.trailing_data``
         for the body read around h11. Only meaningful once the body is done."""
@@ -871,7 +880,25 @@ def _route_of(target: str) -> Route:
     return route("", target)
 
 
-def _next_connection(rest: tuple[bytes, bool]) -> h11.Connection:
+#: Where a request head ends: its first empty line (as h11 finds it).
+_HEAD_END = re.compile(rb"\n\r?\n")
+
+
+def _split_at_head_end(data: Any) -> tuple[Any, Any]:
+    """``data`` cut after the first empty line in it: what h11 needs to end
+    the head it is reading, and the rest (a view, not a copy). h11 would copy
+    the rest into its buffer, and the body reader out of it again; a body
+    sent with its head skips both. No empty line: all of ``data``, and
+    ``b""``. (An empty line that spans two reads is missed: h11 then holds
+    what follows it, which the body reader takes from it, as before.)"""
+    found = _HEAD_END.search(data)
+    if found is None or found.end() == len(data):
+        return data, b""
+    view = memoryview(data)
+    return view[: found.end()], view[found.end() :]
+
+
+def _next_connection(rest: tuple[Any, bool]) -> h11.Connection:
     """A fresh h11 connection for the next request on a stream, holding
     ``rest``: what was received past the last request, and whether the peer
     closed (:meth:`BodyReader.rest`). h11 only reads request heads (and
@@ -887,7 +914,7 @@ def _next_connection(rest: tuple[bytes, bool]) -> h11.Connection:
     return fresh
 
 
-def _carry(keep: bool, reader: BodyReader) -> tuple[bytes, bool] | None:
+def _carry(keep: bool, reader: BodyReader) -> tuple[Any, bool] | None:
     """What the next request starts with, when the connection is kept."""
     return reader.rest() if keep else None
 
@@ -971,10 +998,11 @@ class V2Server:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
         try:
             while True:
-                request = await self._next_request(stream, conn, bounds)
-                if request is None:
+                head = await self._next_request(stream, conn, bounds)
+                if head is None:
                     return
-                rest = await self._respond(stream, conn, request, bounds)
+                request, ahead = head
+                rest = await self._respond(stream, conn, request, ahead, bounds)
                 if rest is None:
                     return
                 conn = _next_connection(rest)
@@ -985,12 +1013,16 @@ class V2Server:
 
     async def _next_request(
         self, stream: ByteStream, conn: h11.Connection, timeouts: Timeouts
-    ) -> h11.Request | None:
+    ) -> tuple[h11.Request, Any] | None:
+        """The next request's head, and the bytes received past its end that
+        h11 was not given (see :func:`_split_at_head_end`); None when the
+        connection is done (closed, or refused with an answer)."""
         # Bytes of this head read so far (with what may follow it): some may
         # have come with the previous request (pipelined), and then the head
         # has begun, and its deadline runs, already.
         received = len(conn.trailing_data[0])
         deadline = time.monotonic() + (timeouts.head or 0.0)
+        ahead: Any = b""
         while True:
             try:
                 event = conn.next_event()
@@ -1001,7 +1033,8 @@ class V2Server:
             # h11 only counts what it holds between reads: the reads are
             # bounded so that it never holds more than one byte past MAX_HEAD.
             if received > MAX_HEAD and (
-                event is h11.NEED_DATA or received - len(conn.trailing_data[0]) > MAX_HEAD
+                event is h11.NEED_DATA
+                or received - len(ahead) - len(conn.trailing_data[0]) > MAX_HEAD
             ):
                 stream.timeout = timeouts.write
                 too_big = RemoteProtocolError(
@@ -1010,9 +1043,13 @@ class V2Server:
                 await self._send_error_and_close(stream, ResponseFramer(None), too_big)
                 return None
             if type(event) is h11.Request:
-                return event
+                return event, ahead
             if event is not h11.NEED_DATA:
                 return None  # ConnectionClosed or PAUSED without a request
+            if len(ahead):  # (not the head's end after all: h11 decides)
+                conn.receive_data(ahead)
+                ahead = b""
+                continue
             if not received:
                 stream.timeout = timeouts.keep_alive  # idle: closed quietly
             elif timeouts.head is not None:
@@ -1035,7 +1072,8 @@ class V2Server:
                 # The head's deadline runs from its first byte.
                 deadline = time.monotonic() + (timeouts.head or 0.0)
             received += len(data)
-            conn.receive_data(data)
+            head, ahead = _split_at_head_end(data)
+            conn.receive_data(head)
 
     async def _send_error_and_close(
         self, stream: ByteStream, framer: ResponseFramer, exc: ProtocolError
@@ -1055,11 +1093,17 @@ class V2Server:
         await stream.send_all([b for b in out if b])
 
     async def _respond(
-        self, stream: ByteStream, conn: h11.Connection, req: h11.Request, timeouts: Timeouts
-    ) -> tuple[bytes, bool] | None:
-        """Answer one request. When the connection may serve another: what
-        was received past this request, and whether the peer has closed its
-        side (see :meth:`BodyReader.rest`); else None."""
+        self,
+        stream: ByteStream,
+        conn: h11.Connection,
+        req: h11.Request,
+        ahead: Any,
+        timeouts: Timeouts,
+    ) -> tuple[Any, bool] | None:
+        """Answer one request (``ahead``: bytes received past its head that h11
+        was not given). When the connection may serve another: what was
+        received past this request, and whether the peer has closed its side
+        (see :meth:`BodyReader.rest`); else None."""
         framer = ResponseFramer(req)
         stream.timeout = timeouts.body
         try:
@@ -1077,7 +1121,7 @@ class V2Server:
             return None
         target = req.target.decode("latin-1")
         r = _route_of(target)
-        reader = BodyReader(stream, conn, length, receive_in_place=self.zero_copy)
+        reader = BodyReader(stream, conn, length, receive_in_place=self.zero_copy, ahead=ahead)
         try:
             if r.kind != "not_found" and req.method.decode("latin-1") != r.method:
                 raise InferenceError(f"method {req.method.decode('latin-1')} not allowed", 405)

@@ -1579,6 +1579,27 @@ def test_a_content_length_body_is_read_around_h11(monkeypatch: pytest.MonkeyPatc
     assert "Data" not in seen and "EndOfMessage" not in seen, seen
 
 
+def test_h11_is_given_only_the_head_of_a_request_sent_with_its_body(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The body bytes that come in the head's read are not put into h11's
+    # buffer, only to be copied out of it again.
+    import h11
+
+    fed: list[int] = []
+    original = h11.Connection.receive_data
+
+    def counting(self: h11.Connection, data: Any) -> None:
+        fed.append(len(data))
+        original(self, data)
+
+    monkeypatch.setattr(h11.Connection, "receive_data", counting)
+    x = np.arange(16384, dtype=np.float32)  # 64 KiB
+    answers = asyncio.run(_keep_alive_round_trips(3, {"x": x}))
+    assert len(answers) == 3 and all(a.endswith(x.tobytes()) for a in answers)
+    assert sum(fed) < 3 * 1024, fed  # three heads, none of the three bodies
+
+
 def test_pipelined_requests_after_a_content_length_body_are_answered() -> None:
     # The bytes received past one body start the next request.
     async def main() -> list[bytes]:
