@@ -839,7 +839,10 @@ class Route:
 
 def route(method: str, target: str) -> Route:
     """Route a request target (a path with an optional query) to an endpoint."""
-    path = urllib.parse.urlsplit(target).path
+    try:
+        path = urllib.parse.urlsplit(target).path
+    except ValueError:  # e.g. "//[": not a target any endpoint has
+        return Route("not_found")
     parts = [urllib.parse.unquote(p) for p in path.strip("/").split("/")]
     if parts == ["v2"]:
         return Route("server")

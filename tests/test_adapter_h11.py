@@ -220,6 +220,7 @@ def test_error_response_is_the_v2_error_body() -> None:
         ("GET", "/v2/models", ("not_found", None, None)),
         ("GET", "/v2/models/echo/bogus", ("not_found", None, None)),
         ("GET", "/v1/models/echo", ("not_found", None, None)),
+        ("GET", "//[", ("not_found", None, None)),  # urlsplit refuses it
     ],
 )
 def test_route(method: str, target: str, expected: tuple[str, str | None, str | None]) -> None:

@@ -1655,3 +1655,19 @@ def test_streams_declare_what_they_offer_beyond_a_byte_stream() -> None:
     assert StreamsStream.read_size > _server.CHUNK
     reader = _server.BodyReader(Minimal(), h11.Connection(h11.SERVER), 0, receive_in_place=True)
     assert reader.checkpoint is None and reader.to_thread is None and not reader.in_place
+
+
+def test_a_target_urlsplit_refuses_is_answered_404() -> None:
+    async def main() -> bytes:
+        srv = await start_server()
+        port = srv.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(b"GET //[ HTTP/1.1\r\nHost: x\r\n\r\n")
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            return head
+        finally:
+            writer.close()
+            await close_server(srv)
+
+    assert asyncio.run(main()).startswith(b"HTTP/1.1 404 ")
