@@ -182,7 +182,7 @@ def test_after_tensors_no_events_are_left_as_through_the_parser() -> None:
 def test_arrays_of_a_body_decoded_whole_are_aligned() -> None:
     # An odd-sized tensor before a float64 one: views of one buffer would be
     # misaligned; the assembler's arrays never are.
-    inputs = {
+    inputs: dict[str, np.ndarray[Any, Any]] = {
         "a": np.arange(16, dtype=np.float64),
         "odd": np.arange(3, dtype=np.int8),
         "b": np.arange(4, dtype=np.float64),
