@@ -508,6 +508,8 @@ def machine_info() -> dict[str, Any]:
         "binproto": _version("binproto"),
         "tritonclient": _version("tritonclient"),
         "kserve": _version("kserve"),
+        # binproto parses JSON headers with orjson when it is installed.
+        "orjson": _version("orjson"),
         "commit": _git("rev-parse", "--short", "HEAD"),
         "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -521,7 +523,8 @@ def machine_line(m: dict[str, Any]) -> str:
     return (
         f"{m['cpu']}, {m['cores']} cores ({m['usable_cores']} usable), {mem}, {m['os']},"
         f" Python {m['python']}, numpy {m['numpy']}, tritonclient {m['tritonclient']},"
-        f" kserve {m['kserve']}, binproto {m['binproto']} ({m['commit']}){load_s}; {m['date']}"
+        f" kserve {m['kserve']}, orjson {m.get('orjson')},"
+        f" binproto {m['binproto']} ({m['commit']}){load_s}; {m['date']}"
     )
 
 

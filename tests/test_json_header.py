@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import binproto
 from binproto import Parser, RemoteProtocolError
+from binproto._json import loads_header
 from binproto.adapters._server import V2Server, echo_model
 from binproto.adapters.asyncio import close_server, start_server
 from tests.helpers import assert_same_everywhere, make_body
@@ -171,3 +175,160 @@ def test_server_answers_400_never_500() -> None:
     assert 'duplicate key "inputs"' in messages[2]
     assert 'duplicate key "id"' in messages[3]
     assert responses[4].json()["id"] == "\U0001f600"
+
+
+# -- orjson (the fast extra): the same results as the standard parser ---------------
+
+
+def _canonical(value: object) -> object:
+    """``value`` with every type made visible: an int is not a float, -0.0 is
+    not 0.0, NaN equals NaN, and key order counts."""
+    if isinstance(value, dict):
+        return ("dict", [(k, _canonical(v)) for k, v in value.items()])
+    if isinstance(value, list):
+        return ("list", [_canonical(v) for v in value])
+    if isinstance(value, float):
+        return ("float", value.hex())
+    return (type(value).__name__, value)
+
+
+def _outcome(raw: bytes, fast: Callable[[bytes], object] | None) -> object:
+    """What loads_header makes of ``raw`` with ``fast`` as its fast parser."""
+    saved = binproto._json.FAST_LOADS
+    binproto._json.FAST_LOADS = fast
+    try:
+        return ("ok", _canonical(loads_header(raw, max_depth=16)))
+    except RemoteProtocolError as exc:
+        return ("error", str(exc), exc.offset, exc.status_hint)
+    finally:
+        binproto._json.FAST_LOADS = saved
+
+
+def _same_with_orjson(raw: bytes) -> None:
+    orjson = pytest.importorskip("orjson")
+    assert _outcome(raw, orjson.loads) == _outcome(raw, None), raw
+
+
+# Texts where the two parsers differ, or might: each must come out the same.
+EDGES = [
+    b'{"a":NaN,"b":Infinity,"c":-Infinity}',
+    b"[9223372036854775807,-9223372036854775808,18446744073709551615]",
+    b"[18446744073709551616,-9223372036854775809,123456789012345678901234567890]",
+    b"[1e400,-1e400,1.5e-400,5e-324,1.7976931348623157e308,2.2250738585072014e-308]",
+    b'[0.1000000000000000055511151231257827,"1234567890123456789"]',
+    b"[-0,-0.0,0.0,1E2,1e-2,10.5e+3]",
+    b'["\\ud800"]',
+    b'["\\udc00\\ud800","\\ud83d\\ude00","\\ud800\\u0041"]',
+    b"\xef\xbb\xbf{}",
+    b'{"a":"\xff"}',
+    b'{"a":"\xed\xa0\x80"}',  # a surrogate encoded in UTF-8 (CESU)
+    b' \t\r\n{"a":1} \n',
+    b'\x0c{"a":1}',
+    b'{"a":1}x',
+    b'{"a":1}\x00',
+    b'{"a":"\x1f"}',
+    b'{"a":"\x7f"}',
+    b'{"a":1,"a":2}',
+    b"[01]",
+    b"[1.]",
+    b"[.5]",
+    b"[+1]",
+    b"[1e]",
+    b"[" * 17 + b"]" * 17,
+    b"[" * 16 + b"]" * 16,
+    b"",
+    b'{"a":1',
+    b'"\\x"',
+    b"[true,false,null]",
+    b"[tru]",
+]
+
+
+@pytest.mark.parametrize("raw", EDGES)
+def test_orjson_and_the_standard_parser_give_the_same_result(raw: bytes) -> None:
+    _same_with_orjson(raw)
+
+
+_JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()
+    | st.text(st.characters(codec=None, exclude_categories=()), max_size=6),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+_NUMBERS = st.from_regex(
+    rb"-?(0|[1-9][0-9]{0,24})(\.[0-9]{1,22})?([eE][+-]?[0-9]{1,4})?", fullmatch=True
+)
+
+
+@st.composite
+def _json_texts(draw: st.DrawFn) -> bytes:
+    """JSON texts as peers write them (escaped or raw UTF-8, lone surrogates,
+    big integers, NaN), number literals, and texts one byte away from them."""
+    if draw(st.booleans()):
+        value = draw(_JSON_VALUES)
+        text = json.dumps(value, ensure_ascii=draw(st.booleans()))
+        raw = text.encode("utf-8", "surrogatepass")
+    else:
+        raw = b"[" + b",".join(draw(st.lists(_NUMBERS, min_size=1, max_size=4))) + b"]"
+    if raw and draw(st.booleans()):  # one byte changed, added or dropped
+        at = draw(st.integers(0, len(raw) - 1))
+        byte = bytes([draw(st.integers(0, 255))])
+        raw = draw(
+            st.sampled_from(
+                [
+                    raw[:at] + byte + raw[at + 1 :],
+                    raw[:at] + byte + raw[at:],
+                    raw[:at] + raw[at + 1 :],
+                ]
+            )
+        )
+    return raw
+
+
+@settings(max_examples=1500, deadline=None)
+@given(_json_texts())
+def test_orjson_and_the_standard_parser_agree_on_any_text(raw: bytes) -> None:
+    _same_with_orjson(raw)
+
+
+def test_orjson_parses_the_header_when_installed() -> None:
+    orjson = pytest.importorskip("orjson")
+    assert binproto._json.FAST_LOADS is orjson.loads
+    parsed: list[bytes] = []
+
+    def spy(raw: bytes) -> object:
+        parsed.append(raw)
+        return orjson.loads(raw)
+
+    body, hl = make_body({"id": "a", "inputs": [json.loads(TENSOR)]})
+    plain = binproto.decode_request(body, header_length=hl)
+    binproto._json.FAST_LOADS = spy
+    try:
+        fast = binproto.decode_request(body, header_length=hl)
+    finally:
+        binproto._json.FAST_LOADS = orjson.loads
+    assert parsed == [body[:hl]]
+    assert fast.header.raw == plain.header.raw
+    assert fast.tensors["x"].tolist() == plain.tensors["x"].tolist() == [1, 2]
+    # An integer past 64 bits is the standard parser's (orjson makes it a float).
+    big, hl = make_body({"id": "a", "inputs": [json.loads(TENSOR)], "parameters": {"n": 2**64}})
+    binproto._json.FAST_LOADS = spy
+    try:
+        header = binproto.decode_request(big, header_length=hl).header
+    finally:
+        binproto._json.FAST_LOADS = orjson.loads
+    assert parsed == [body[:hl]] and header.parameters["n"] == 2**64
+    # A header over FAST_MAX too: orjson's working memory is many times its size.
+    long_id = "a" * binproto._json.FAST_MAX
+    big, hl = make_body({"id": long_id, "inputs": [json.loads(TENSOR)]})
+    binproto._json.FAST_LOADS = spy
+    try:
+        header = binproto.decode_request(big, header_length=hl).header
+    finally:
+        binproto._json.FAST_LOADS = orjson.loads
+    assert parsed == [body[:hl]] and header.id == long_id
