@@ -139,9 +139,21 @@ class TrioStream:
         await self.stream.aclose()
 
 
+def _broken(sock: trio.socket.SocketType, exc: OSError) -> Exception:
+    """An ``OSError`` of a socket as :class:`trio.SocketStream` reports it."""
+    if sock.fileno() == -1:
+        return trio.ClosedResourceError("the socket was closed")
+    return trio.BrokenResourceError(f"socket connection broken: {exc}")
+
+
 class TrioSocketStream(TrioStream):
     """A :class:`TrioStream` over a :class:`trio.SocketStream`, with
-    ``receive_into``: the kernel writes into the caller's buffer."""
+    ``receive_into``: the kernel writes into the caller's buffer.
+
+    It calls the trio socket's own ``recv``, ``recv_into`` and ``send``:
+    the stream layer around them adds a context manager and a conflict
+    check to every call, a share of each small request's cost.
+    """
 
     stream: trio.SocketStream
 
@@ -158,12 +170,38 @@ class TrioSocketStream(TrioStream):
             try:
                 # Waits for readability, then a non-blocking recv_into.
                 return await sock.recv_into(view, len(view))
-            except OSError as exc:  # as trio.SocketStream.receive_some reports it
-                if sock.fileno() == -1:
-                    raise trio.ClosedResourceError("the socket was closed") from None
-                raise trio.BrokenResourceError(*exc.args) from exc
+            except OSError as exc:
+                raise _broken(sock, exc) from exc
 
         return await self._bounded(recv_into)
+
+    async def receive_some(self, max_bytes: int) -> bytes:
+        """Up to ``max_bytes`` bytes; ``b""`` at end of stream."""
+        sock = self.stream.socket
+
+        async def recv() -> bytes:
+            try:
+                return await sock.recv(max_bytes)
+            except OSError as exc:
+                raise _broken(sock, exc) from exc
+
+        return await self._bounded(recv)
+
+    async def send_all(self, buffers: Sequence[Any]) -> None:
+        """Write the buffers in order, as :meth:`TrioStream.send_all` does."""
+        sock = self.stream.socket
+        for buf in gather_small(buffers):
+            view = as_byte_view(buf)
+
+            async def send() -> None:
+                sent = 0
+                try:
+                    while sent < len(view):  # noqa: B023 (awaited at once)
+                        sent += await sock.send(view[sent:])  # noqa: B023
+                except OSError as exc:
+                    raise _broken(sock, exc) from exc
+
+            await self._bounded(send)
 
 
 def wrap(

@@ -1052,3 +1052,24 @@ def test_small_buffers_leave_in_one_send_and_big_ones_unjoined() -> None:
     assert [bytes(s) for s in sent[:1]] == [b"headjsontensor"]
     assert len(sent) == 3 and np.shares_memory(np.frombuffer(sent[1], np.uint8), big)
     assert bytes(sent[2]) == b"tail"
+
+
+def test_tcp_connections_use_the_socket_not_trio_stream_layer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # trio.SocketStream adds a context manager (and a conflict check) to every
+    # receive and send: the server and client call the socket itself.
+    async def refused(*args: Any) -> None:
+        raise AssertionError("trio.SocketStream's own receive_some/send_all was called")
+
+    monkeypatch.setattr(trio.SocketStream, "send_all", refused)
+    monkeypatch.setattr(trio.SocketStream, "receive_some", refused)
+    x = np.arange(1024, dtype=np.float32)
+
+    async def test(port: int) -> None:
+        async with bt.Client("127.0.0.1", port) as client:
+            for _ in range(3):  # keep-alive: heads read with receive_some
+                out = await client.infer("echo", {"x": x}, binary_data_output=True)
+                assert same(out["x"], x)
+
+    run_trio(test)
