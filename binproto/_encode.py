@@ -39,7 +39,7 @@ from ._errors import LocalProtocolError, RemoteProtocolError
 from ._header import InferenceHeader, RequestedOutput
 from ._http import message_headers
 from ._json import json_data_to_array
-from ._util import check_bool
+from ._util import as_byte_view, check_bool
 
 __all__ = [
     "Binary",
@@ -412,8 +412,7 @@ def _place(
                 buf = join_bytes(p.elements).data
             else:
                 assert p.array is not None
-                # A flat byte view of the (contiguous) array: no copy.
-                buf = p.array.reshape(-1).view(np.uint8).data
+                buf = as_byte_view(p.array)  # the (contiguous) array's bytes: no copy
             params = {**params, _RESERVED: buf.nbytes}
             buffers.append(buf)
         if params:

@@ -206,7 +206,9 @@ def _bad_shape(role: str, name: str) -> RemoteProtocolError:
     )
 
 
-def _tensor(t: Any, index: int, role: str, limits: Limits, seen: set[str]) -> TensorInfo:
+def _tensor(t: Any, index: int, role: str, limit: int, seen: set[str]) -> TensorInfo:
+    """One tensor of the header; ``limit`` is the most bytes a binary tensor
+    may have (the limits' and numpy's bound)."""
     if type(t) is not dict:
         raise _fail(f"Unable to parse '{role}s': element {index} is not an object")
     name = t.get("name")
@@ -237,14 +239,13 @@ def _tensor(t: Any, index: int, role: str, limits: Limits, seen: set[str]) -> Te
         raise _not_one_place(t, params, role, name)
 
     array: np.ndarray[Any, Any] | None = None
-    data = t.get("data")
+    data = t["data"] if has_data else None
     if binary:
         if type(size) is not int or size < 0:
             raise _fail(
                 f"Unable to parse 'binary_data_size' of {role} '{name}':"
                 " expected a non-negative integer"
             )
-        limit = min(limits.max_tensor_bytes, _MAX_ARRAY_BYTES)  # numpy's bound, too
         if size > limit:
             raise _fail(
                 f"binary_data_size {size} of {role} '{name}' exceeds the limit of {limit} bytes",
@@ -360,9 +361,10 @@ def build_header(obj: Any, kind: Kind, limits: Limits, header_length: int) -> In
     if bdo is not None and not isinstance(bdo, bool):
         raise _fail("Unable to parse 'binary_data_output': expected a bool")
     seen: set[str] = set()
+    limit = min(limits.max_tensor_bytes, _MAX_ARRAY_BYTES)  # numpy's bound, too
     infos = []
     for i, t in enumerate(tensors_json):
-        infos.append(_tensor(t, i, role, limits, seen))
+        infos.append(_tensor(t, i, role, limit, seen))
     tensors = tuple(infos)
     return InferenceHeader(
         kind=kind,

@@ -39,7 +39,8 @@ def as_byte_view(data: Any) -> memoryview:
     if not mv.c_contiguous:
         raise LocalProtocolError(_NOT_CONTIGUOUS)
     if mv.format != "B" or mv.ndim != 1:
-        mv = mv.cast("B")
+        # (memoryview cannot cast a view with a zero in its shape: no bytes)
+        mv = mv.cast("B") if mv.nbytes else memoryview(b"")
     return mv
 
 

@@ -17,6 +17,16 @@ def test_a_byte_view_is_a_view_not_a_copy() -> None:
     assert view[0] == 7
 
 
+@pytest.mark.parametrize("shape", [(0,), (2, 0), (0, 3, 4)])
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32, np.float16])
+def test_a_buffer_without_elements_is_an_empty_byte_view(
+    shape: tuple[int, ...], dtype: type
+) -> None:
+    # memoryview itself cannot cast a view with a zero in its shape.
+    view = as_byte_view(np.zeros(shape, dtype=dtype))
+    assert view.format == "B" and view.ndim == 1 and len(view) == 0
+
+
 def test_a_strided_buffer_is_refused() -> None:
     with pytest.raises(binproto.LocalProtocolError, match="C-contiguous"):
         as_byte_view(np.arange(8, dtype=np.uint8)[::2])
