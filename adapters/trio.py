@@ -34,6 +34,7 @@ Client::
 
 from __future__ import annotations
 
+import errno
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -141,7 +142,7 @@ class TrioStream:
 
 def _broken(sock: trio.socket.SocketType, exc: OSError) -> Exception:
     """An ``OSError`` of a socket as :class:`trio.SocketStream` reports it."""
-    if sock.fileno() == -1:
+    if exc.errno in (errno.EBADF, errno.ENOTSOCK) or sock.fileno() == -1:
         return trio.ClosedResourceError("the socket was closed")
     return trio.BrokenResourceError(f"socket connection broken: {exc}")
 
@@ -152,7 +153,10 @@ class TrioSocketStream(TrioStream):
 
     It calls the trio socket's own ``recv``, ``recv_into`` and ``send``:
     the stream layer around them adds a context manager and a conflict
-    check to every call, a share of each small request's cost.
+    check to every call, a share of each small request's cost. So, unlike a
+    ``trio.SocketStream``, it does not detect two tasks sending (or
+    receiving) at once: one task at a time uses it, as the server and the
+    client do.
     """
 
     stream: trio.SocketStream
@@ -177,6 +181,8 @@ class TrioSocketStream(TrioStream):
 
     async def receive_some(self, max_bytes: int) -> bytes:
         """Up to ``max_bytes`` bytes; ``b""`` at end of stream."""
+        if max_bytes < 1:  # (b"" would read as the end of the stream)
+            raise ValueError("max_bytes must be >= 1")
         sock = self.stream.socket
 
         async def recv() -> bytes:

@@ -111,6 +111,12 @@ def _fast_loads() -> Callable[[bytes], Any] | None:
 #: parser's; anything it refuses goes to the standard parser, which decides.
 FAST_LOADS = _fast_loads()
 
+#: Deepest nesting limit under which orjson parses: orjson takes up to 1024
+#: levels, while the standard parser runs out of Python stack near 1000 (a
+#: RecursionError, refused as too deep); below this both take every header
+#: the depth check lets through.
+FAST_MAX_DEPTH = 256
+
 #: Longest header orjson parses: its working memory grows to about 14 times
 #: a header's size (the standard parser's, a few times); the per-request cost
 #: it cuts is that of small headers.
@@ -199,7 +205,8 @@ def loads_header(raw: bytes, *, max_depth: int, kind: str = "request") -> Any:
     object's key count.
 
     With orjson installed (the ``fast`` extra) orjson parses the headers of
-    up to :data:`FAST_MAX` bytes whose result is the standard parser's
+    up to :data:`FAST_MAX` bytes, under a ``max_depth`` of at most
+    :data:`FAST_MAX_DEPTH`, whose result is the standard parser's
     (:data:`FAST_LOADS`); the result, and every error, are the same either way.
     """
     # Count openers cheaply first (strings' brackets too, so never fewer than
@@ -214,6 +221,7 @@ def loads_header(raw: bytes, *, max_depth: int, kind: str = "request") -> Any:
     if (
         FAST_LOADS is not None
         and len(raw) <= FAST_MAX
+        and max_depth <= FAST_MAX_DEPTH
         and _LONG_DIGIT_RUN not in raw.translate(_DIGITS_ONLY)
     ):
         # orjson refuses what the standard parser refuses, and more: NaN and
@@ -280,6 +288,10 @@ def refuse_repeated_keys(raw: bytes, keys: int, kind: str = "request") -> None:
     # Keys not counted, or a repeat: decode again, refusing a repeated key.
     try:
         _UNIQUE_DECODER.decode(raw.decode("utf-8"))
+    except RecursionError:  # (a header the first decoding took, nested ~1000 deep)
+        raise RemoteProtocolError(
+            "JSON nesting is too deep to check for repeated keys", offset=0
+        ) from None
     except _DuplicateKey as exc:
         found = _first_duplicate_key(raw)
         key, offset = found if found is not None else (exc.key, 0)

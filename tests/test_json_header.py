@@ -192,21 +192,21 @@ def _canonical(value: object) -> object:
     return (type(value).__name__, value)
 
 
-def _outcome(raw: bytes, fast: Callable[[bytes], object] | None) -> object:
+def _outcome(raw: bytes, fast: Callable[[bytes], object] | None, max_depth: int = 16) -> object:
     """What loads_header makes of ``raw`` with ``fast`` as its fast parser."""
     saved = binproto._json.FAST_LOADS
     binproto._json.FAST_LOADS = fast
     try:
-        return ("ok", _canonical(loads_header(raw, max_depth=16)))
+        return ("ok", _canonical(loads_header(raw, max_depth=max_depth)))
     except RemoteProtocolError as exc:
         return ("error", str(exc), exc.offset, exc.status_hint)
     finally:
         binproto._json.FAST_LOADS = saved
 
 
-def _same_with_orjson(raw: bytes) -> None:
+def _same_with_orjson(raw: bytes, max_depth: int = 16) -> None:
     orjson = pytest.importorskip("orjson")
-    assert _outcome(raw, orjson.loads) == _outcome(raw, None), raw
+    assert _outcome(raw, orjson.loads, max_depth) == _outcome(raw, None, max_depth), raw
 
 
 # Texts where the two parsers differ, or might: each must come out the same.
@@ -261,8 +261,8 @@ _JSON_VALUES = st.recursive(
     max_leaves=12,
 )
 _NUMBERS = st.from_regex(
-    rb"-?(0|[1-9][0-9]{0,24})(\.[0-9]{1,22})?([eE][+-]?[0-9]{1,4})?", fullmatch=True
-)
+    rb"-?(0|[1-9][0-9]{0,8})(\.[0-9]{1,9})?([eE][+-]?[0-9]{1,3})?", fullmatch=True
+) | st.from_regex(rb"-?(0|[1-9][0-9]{0,24})(\.[0-9]{1,22})?([eE][+-]?[0-9]{1,4})?", fullmatch=True)
 
 
 @st.composite
@@ -294,6 +294,26 @@ def _json_texts(draw: st.DrawFn) -> bytes:
 @given(_json_texts())
 def test_orjson_and_the_standard_parser_agree_on_any_text(raw: bytes) -> None:
     _same_with_orjson(raw)
+
+
+@pytest.mark.parametrize("depth", [200, 257, 990, 1000, 1024, 1100])
+@pytest.mark.parametrize("max_depth", [256, 5000])
+def test_orjson_and_the_standard_parser_agree_on_deep_nesting(depth: int, max_depth: int) -> None:
+    # The standard parser runs out of Python stack near 1000 levels, orjson at
+    # 1024: a depth limit raised that far must not tell them apart.
+    _same_with_orjson(b'{"p":' + b'{"k":' * depth + b"1" + b"}" * depth + b"}", max_depth)
+    _same_with_orjson(b"[" * depth + b"]" * depth, max_depth)
+
+
+def test_a_header_nested_near_the_stack_limit_is_a_400_whatever_parses_it() -> None:
+    depth = 1000
+    nested = '{"k":' * depth + "1" + "}" * depth
+    raw = ('{"id":"a","inputs":[' + TENSOR + '],"parameters":{"p":' + nested + "}}").encode()
+    with pytest.raises(RemoteProtocolError, match="nesting") as err:
+        binproto.decode_request(
+            raw, header_length=len(raw), limits=binproto.Limits(max_json_depth=5000)
+        )
+    assert err.value.status_hint == 400
 
 
 def test_orjson_parses_the_header_when_installed() -> None:

@@ -1073,3 +1073,22 @@ def test_tcp_connections_use_the_socket_not_trio_stream_layer(
                 assert same(out["x"], x)
 
     run_trio(test)
+
+
+def test_socket_stream_refuses_a_zero_byte_receive_and_reports_a_closed_socket() -> None:
+    # b"" would read as the end of the stream; trio.SocketStream raises too.
+    async def main() -> None:
+        a, b = trio.socket.socketpair()
+        stream = bt.TrioSocketStream(trio.SocketStream(a), timeout=5)
+        with pytest.raises(ValueError):
+            await stream.receive_some(0)
+        await b.send(b"x")
+        assert await stream.receive_some(10) == b"x"
+        a.close()
+        with pytest.raises(trio.ClosedResourceError):
+            await stream.receive_some(10)
+        with pytest.raises(trio.ClosedResourceError):
+            await stream.send_all([b"y"])
+        b.close()
+
+    trio.run(main)
