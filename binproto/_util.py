@@ -39,6 +39,10 @@ def as_byte_view(data: Any) -> memoryview:
     if not mv.c_contiguous:
         raise LocalProtocolError(_NOT_CONTIGUOUS)
     if mv.format != "B" or mv.ndim != 1:
+        if "O" in mv.format:  # Python objects: their bytes are pointers
+            raise LocalProtocolError(
+                "cannot take the bytes of an array of Python objects (dtype object)"
+            )
         # (memoryview cannot cast a view with a zero in its shape: no bytes)
         mv = mv.cast("B") if mv.nbytes else memoryview(b"")
     return mv

@@ -27,6 +27,13 @@ def test_a_buffer_without_elements_is_an_empty_byte_view(
     assert view.format == "B" and view.ndim == 1 and len(view) == 0
 
 
+def test_an_object_array_is_refused_not_read_as_pointers() -> None:
+    with pytest.raises(binproto.LocalProtocolError, match="Python objects"):
+        as_byte_view(np.array([b"a", b"bc"], dtype=object))
+    with pytest.raises(binproto.LocalProtocolError, match="Python objects"):
+        binproto.Parser("request", header_length=None).receive_data(np.array([b"{}"], dtype=object))
+
+
 def test_a_strided_buffer_is_refused() -> None:
     with pytest.raises(binproto.LocalProtocolError, match="C-contiguous"):
         as_byte_view(np.arange(8, dtype=np.uint8)[::2])
