@@ -1023,12 +1023,16 @@ class V2Server:
         # Bytes of this head read so far (with what may follow it): some may
         # have come with the previous request (pipelined), and then the head
         # has begun, and its deadline runs, already.
-        received = len(conn.trailing_data[0])
+        held, closed = conn.trailing_data
+        received = len(held)
+        # A connection holding nothing has no event to give: read first.
+        ask = bool(received) or closed
         deadline = time.monotonic() + (timeouts.head or 0.0)
         ahead: Any = b""
         while True:
             try:
-                event = conn.next_event()
+                event = conn.next_event() if ask else h11.NEED_DATA
+                ask = True
             except h11.RemoteProtocolError as exc:
                 stream.timeout = timeouts.write
                 await self._send_error_and_close(stream, ResponseFramer(None), remote_error(exc))

@@ -1671,3 +1671,47 @@ def test_a_target_urlsplit_refuses_is_answered_404() -> None:
             await close_server(srv)
 
     assert asyncio.run(main()).startswith(b"HTTP/1.1 404 ")
+
+
+def test_h11_is_asked_for_an_event_only_when_it_holds_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A fresh connection per request holds nothing until bytes are read: asking
+    # it first is a call that can only say NEED_DATA.
+    body = binproto.encode_request({"x": np.arange(4, dtype=np.float32)})
+    wire, hl = bytes(body), body.header_length
+    assert hl is not None
+    one = (
+        b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n"
+        b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n" % (hl, len(wire))
+    ) + wire
+    answers: list[bytes] = []
+
+    class Requests:  # three requests, one per read, then the end
+        timeout: float | None = None
+        left = 3
+
+        async def receive_some(self, max_bytes: int) -> bytes:
+            if not self.left:
+                return b""
+            self.left -= 1
+            return one
+
+        async def send_all(self, buffers: Any) -> None:
+            answers.append(b"".join(bytes(b) for b in buffers))
+
+        async def aclose(self) -> None:
+            pass
+
+    events: list[Any] = []
+    next_event = h11.Connection.next_event
+
+    def counting(self: h11.Connection) -> Any:
+        event = next_event(self)
+        events.append(event)
+        return event
+
+    monkeypatch.setattr(h11.Connection, "next_event", counting)
+    asyncio.run(V2Server([echo_model()]).serve_connection(Requests()))
+    assert len(answers) == 3 and all(a.startswith(b"HTTP/1.1 200 ") for a in answers)
+    assert [type(e).__name__ for e in events] == ["Request"] * 3 + ["ConnectionClosed"]
