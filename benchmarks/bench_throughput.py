@@ -42,6 +42,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -107,8 +108,11 @@ def _ready(port: int) -> bool:
 
 
 @contextmanager
-def running(name: str, command: Sequence[str], timeout: float = 60) -> Iterator[int]:
-    """Start ``command`` on a free port; yield the port once it answers."""
+def running(
+    name: str, command: Sequence[str], timeout: float = 60, root: Path = ROOT
+) -> Iterator[int]:
+    """Start ``command`` on a free port, in the checkout ``root``; yield the
+    port once it answers."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(2048)
@@ -117,10 +121,10 @@ def running(name: str, command: Sequence[str], timeout: float = 60) -> Iterator[
     inherit = "{fd}" in " ".join(command)
     if not inherit:
         sock.close()  # the server binds the port itself
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(root)}
     proc = subprocess.Popen(
         argv,
-        cwd=ROOT,
+        cwd=root,
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -223,8 +227,16 @@ def measure(
                     path, input_name = ENDPOINTS.get(name, ECHO)
                     samples[name].append(wrk(port, by_input[input_name], conns, seconds, path))
             for name, results in samples.items():
-                floor = FLOOR_OF.get(name)
+                # A server of another revision (name@REV) is compared as its own.
+                kind = name.split("@")[0]
+                floor = FLOOR_OF.get(kind)
                 base = samples.get(floor) if floor is not None else None
+                extra: dict[str, Any] = {}
+                for other, theirs in samples.items():
+                    if other.startswith(kind + "@") and other != name:
+                        # Per round: this revision's request rate over the other's.
+                        ratios = [a.rps / b.rps for a, b in zip(results, theirs, strict=True)]
+                        extra[f"vs_{other.split('@')[1]}"] = round(statistics.median(ratios), 3)
                 rows.append(
                     row(
                         f"echo {size // 1024} KiB FP32, {conns} connections",
@@ -236,6 +248,7 @@ def measure(
                         rps=round(statistics.median(r.rps for r in results)),
                         p99_ms=round(statistics.median(r.p99 for r in results) * 1e3, 2),
                         errors=sum(r.errors for r in results),
+                        **extra,
                     )
                 )
     return rows
@@ -251,8 +264,30 @@ def available(names: Sequence[str] | None) -> dict[str, list[str]]:
     return chosen
 
 
-def run(quick: bool, names: Sequence[str] | None = None) -> list[Row]:
-    """Measure every available server; the runner's entry point."""
+@contextmanager
+def checkout(rev: str, directory: Path) -> Iterator[Path]:
+    """This repository at git revision ``rev``, in a temporary worktree."""
+    path = directory / f"rev-{rev}"
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), rev],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        yield path
+    finally:
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)],
+            check=False,
+            capture_output=True,
+        )
+
+
+def run(quick: bool, names: Sequence[str] | None = None, against: str | None = None) -> list[Row]:
+    """Measure every available server; the runner's entry point. With
+    ``against`` (a git revision), binproto's servers of that revision run too,
+    in the same interleaved rounds, as ``NAME@REV`` (each current server's row
+    then has ``vs_REV``: its request rate over theirs, median per round)."""
     current = mode(quick)
     if shutil.which("wrk") is None:
         reason = "wrk is not installed (apt-get install wrk)"
@@ -271,6 +306,12 @@ def run(quick: bool, names: Sequence[str] | None = None) -> list[Row]:
             size: {name: write_request(Path(tmp), size, name) for name in inputs} for size in sizes
         }
         servers = {name: stack.enter_context(running(name, cmd)) for name, cmd in commands.items()}
+        if against is not None:
+            old = stack.enter_context(checkout(against, Path(tmp)))
+            for name, cmd in commands.items():
+                if name.startswith("binproto-"):
+                    label = f"{name}@{against}"
+                    servers[label] = stack.enter_context(running(label, cmd, root=old))
         if current != "tiny" and (names is None or "triton" in names):
             port = _triton(stack, Path(tmp) / "triton")
             if port is not None:
@@ -300,15 +341,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one size, 8 connections, 2 s rounds")
     parser.add_argument("--server", action="append", help="only these servers (repeatable)")
+    parser.add_argument(
+        "--against",
+        metavar="REV",
+        help="also run binproto's servers of git revision REV, in the same rounds",
+    )
     args = parser.parse_args()
-    for r in run(args.quick, args.server):
+    for r in run(args.quick, args.server, args.against):
         if "rps" not in r:
             print(r)
             continue
         ratio = f"{r['ratio']:.2f}x {r['baseline']}" if r.get("ratio") is not None else ""
+        versus = "".join(f"  {v}x {k[3:]}" for k, v in r.items() if k.startswith("vs_"))
         print(
             f"{r['workload']:36} {r['impl']:18} {r['rps']:>8} req/s  "
-            f"p99 {r['p99_ms']:>7} ms  {ratio}  errors={r['errors']}"
+            f"p99 {r['p99_ms']:>7} ms  {ratio}{versus}  errors={r['errors']}"
         )
 
 

@@ -210,3 +210,28 @@ def test_the_codec_floor_echoes_what_it_is_sent() -> None:
             got = binproto.decode_response(data, header_length=hl).tensors["input0"]
             np.testing.assert_array_equal(got, sent)
         conn.close()
+
+
+def test_throughput_against_a_revision_runs_its_servers_in_the_same_rounds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import shutil
+
+    from benchmarks import bench_throughput
+    from benchmarks._harness import MODE_ENV
+
+    if shutil.which("wrk") is None:
+        pytest.skip("wrk is not installed (apt-get install wrk)")
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    monkeypatch.setenv(MODE_ENV, "tiny")  # one floor and binproto's asyncio server, 1 s
+    rows = bench_throughput.run(quick=True, against="HEAD")
+    by_impl = {r["impl"]: r for r in rows}
+    assert set(by_impl) == {"h11-floor", "binproto-asyncio", "binproto-asyncio@HEAD"}
+    assert all(r["errors"] == 0 and r["rps"] > 0 for r in rows)
+    assert by_impl["binproto-asyncio@HEAD"]["baseline"] == "h11-floor"
+    assert by_impl["binproto-asyncio"]["vs_HEAD"] > 0
+    listed = subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True, check=True
+    )
+    assert "rev-HEAD" not in listed.stdout  # the revision's worktree is gone
