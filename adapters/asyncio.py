@@ -42,7 +42,7 @@ import asyncio
 import socket
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from binproto import Limits
 from binproto._util import gather_small
@@ -206,8 +206,9 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
     # -- protocol callbacks ------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # (uvloop's transports are no asyncio.Transport subclasses, though they
+        # have its methods: a cast, not an isinstance check)
+        self.transport = cast(asyncio.Transport, transport)
         self._loop = loop = asyncio.get_running_loop()
         self._closed = loop.create_future()
         if self._on_connect is not None:
@@ -228,7 +229,11 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
         spare = self._spare
         assert spare is not None
         self._spare = None
-        del spare[nbytes:]
+        if nbytes < len(spare):
+            # What arrived, copied rather than the buffer shrunk: the loop may
+            # still hold the buffer during this call (uvloop does), and a
+            # bytearray that is held cannot be resized.
+            spare = spare[:nbytes]
         if self._leftover:
             self._leftover += spare
         else:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from typing import Any
+from typing import Any, cast
 
 import h11
 
@@ -46,8 +46,9 @@ class BareProtocol(asyncio.Protocol):
     """Reads heads and Content-Length bodies by hand; answers each with ANSWER."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # (uvloop's transports are no asyncio.Transport subclasses, though they
+        # have its methods: a cast, not an isinstance check)
+        self.transport = cast(asyncio.Transport, transport)
         self.buffer = bytearray()
         self.body_left = -1  # -1: reading a head
 
@@ -78,8 +79,9 @@ class H11Protocol(asyncio.Protocol):
     """h11 parses each request; the body is read to its end, then ANSWER sent."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # (uvloop's transports are no asyncio.Transport subclasses, though they
+        # have its methods: a cast, not an isinstance check)
+        self.transport = cast(asyncio.Transport, transport)
         self.conn = h11.Connection(h11.SERVER)
 
     def data_received(self, data: bytes) -> None:
