@@ -376,6 +376,10 @@ class BodyReader:
         for the body read around h11. Only meaningful once the body is done."""
         if not self.direct:
             return self._conn.trailing_data
+        if self._taken == len(self._pending):
+            # Not an empty view: it would keep the whole receive buffer it
+            # was cut from alive while the connection waits for a request.
+            return b"", self._ended
         return self._pending[self._taken :], self._ended
 
     @property
@@ -1004,11 +1008,14 @@ class V2Server:
                 head = await self._next_request(stream, conn, bounds)
                 if head is None:
                     return
-                request, ahead = head
-                rest = await self._respond(stream, conn, request, ahead, bounds)
+                rest = await self._respond(stream, conn, *head, bounds)
                 if rest is None:
                     return
                 conn = _next_connection(rest)
+                # The next request's h11 connection holds a copy of what it
+                # needs: no view into this request's receive buffers is kept
+                # while it is awaited (an idle connection holds no buffer).
+                head = rest = None
         except Exception:  # the peer went away, or a write failed: just close
             log.debug("connection closed on an error", exc_info=True)
         finally:

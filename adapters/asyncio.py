@@ -289,6 +289,9 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
         fires, is moved to the deadline of the wait then under way, if any."""
         transport, loop = self.transport, self._loop
         assert transport is not None and loop is not None
+        # A buffer made for a read that found nothing (uvloop asks for one
+        # whenever a read filled the last): not kept while this one waits.
+        self._spare = None
         self._target = target
         self._received = 0
         self._waiter = waiter = loop.create_future()

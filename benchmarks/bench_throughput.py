@@ -228,7 +228,7 @@ def measure(
                     samples[name].append(wrk(port, by_input[input_name], conns, seconds, path))
             for name, results in samples.items():
                 # A server of another revision (name@REV) is compared as its own.
-                kind = name.split("@")[0]
+                kind = name.partition("@")[0]
                 floor = FLOOR_OF.get(kind)
                 base = samples.get(floor) if floor is not None else None
                 extra: dict[str, Any] = {}
@@ -236,7 +236,7 @@ def measure(
                     if other.startswith(kind + "@") and other != name:
                         # Per round: this revision's request rate over the other's.
                         ratios = [a.rps / b.rps for a, b in zip(results, theirs, strict=True)]
-                        extra[f"vs_{other.split('@')[1]}"] = round(statistics.median(ratios), 3)
+                        extra[f"vs_{other.partition('@')[2]}"] = round(statistics.median(ratios), 3)
                 rows.append(
                     row(
                         f"echo {size // 1024} KiB FP32, {conns} connections",
@@ -267,12 +267,15 @@ def available(names: Sequence[str] | None) -> dict[str, list[str]]:
 @contextmanager
 def checkout(rev: str, directory: Path) -> Iterator[Path]:
     """This repository at git revision ``rev``, in a temporary worktree."""
-    path = directory / f"rev-{rev}"
-    subprocess.run(
+    path = directory / "revision"
+    added = subprocess.run(
         ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), rev],
-        check=True,
         capture_output=True,
+        text=True,
+        check=False,
     )
+    if added.returncode:
+        raise RuntimeError(f"no worktree of {rev!r}: {added.stderr.strip()}")
     try:
         yield path
     finally:
@@ -307,6 +310,8 @@ def run(quick: bool, names: Sequence[str] | None = None, against: str | None = N
         }
         servers = {name: stack.enter_context(running(name, cmd)) for name, cmd in commands.items()}
         if against is not None:
+            if not any(name.startswith("binproto-") for name in commands):
+                raise RuntimeError("--against compares binproto's servers: none was chosen")
             old = stack.enter_context(checkout(against, Path(tmp)))
             for name, cmd in commands.items():
                 if name.startswith("binproto-"):

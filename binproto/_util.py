@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -21,6 +22,10 @@ __all__ = [
 
 _NOT_CONTIGUOUS = "buffers passed to binproto must be C-contiguous"
 
+# The field names of a structured buffer format ("T{B:name:O:other:}"), which
+# may hold any letter; the type codes are what is left.
+_FIELD_NAME = re.compile(r":[^:]*:")
+
 
 def as_byte_view(data: Any) -> memoryview:
     """A flat unsigned-byte view of any C-contiguous buffer, without copying.
@@ -39,7 +44,7 @@ def as_byte_view(data: Any) -> memoryview:
     if not mv.c_contiguous:
         raise LocalProtocolError(_NOT_CONTIGUOUS)
     if mv.format != "B" or mv.ndim != 1:
-        if "O" in mv.format:  # Python objects: their bytes are pointers
+        if "O" in _FIELD_NAME.sub("", mv.format):  # Python objects: their bytes are pointers
             raise LocalProtocolError(
                 "cannot take the bytes of an array of Python objects (dtype object)"
             )

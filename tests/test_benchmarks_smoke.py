@@ -234,4 +234,6 @@ def test_throughput_against_a_revision_runs_its_servers_in_the_same_rounds(
     listed = subprocess.run(
         ["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True, check=True
     )
-    assert "rev-HEAD" not in listed.stdout  # the revision's worktree is gone
+    assert "revision" not in listed.stdout  # the revision's worktree is gone
+    with pytest.raises(RuntimeError, match="no worktree of 'no-such-revision'"):
+        bench_throughput.run(quick=True, against="no-such-revision")

@@ -5,12 +5,15 @@ timeout is a timer handle, not a task."""
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import time
 import tracemalloc
 
+import numpy as np
 import pytest
 
+import binproto
 from binproto.adapters._server import Timeouts, V2Server
 from binproto.adapters.asyncio import close_server, start_server
 from tests.test_timeouts import _asyncio_server, _connect
@@ -55,6 +58,55 @@ def test_an_idle_connection_costs_little(zero_copy: bool, bound: int, request_fi
     # Python objects only (the kernel's socket buffers are not counted): the
     # server's, and this test's socket objects.
     assert per_connection <= bound * 1024, per_connection
+
+
+def _echo_once(port: int, body: bytes, header_length: int) -> socket.socket:
+    """A connection that has had one tensor echoed, read to its last byte."""
+    sock = _connect(port)
+    head = (
+        b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n"
+        b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
+    )
+    sock.sendall(head % (header_length, len(body)) + body)
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += sock.recv(65536)
+    top, _, rest = answer.partition(b"\r\n\r\n")
+    assert top.startswith(b"HTTP/1.1 200 "), top
+    length = int(re.search(rb"(?i)content-length: *(\d+)", top).group(1))  # type: ignore[union-attr]
+    while len(rest) < length:
+        rest += sock.recv(1 << 20)
+    return sock
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_an_idle_connection_after_a_tensor_costs_little(loop: str) -> None:
+    # uvloop asks for the next receive buffer as soon as a read fills the one
+    # it had (the last bytes of a tensor, received in place), though nothing
+    # more has come: that buffer must not be kept while the connection idles.
+    factory = asyncio.new_event_loop
+    if loop == "uvloop":
+        factory = pytest.importorskip("uvloop").new_event_loop
+    encoded = binproto.encode_request(
+        {"x": np.arange(100_000, dtype=np.float32)}, binary_data_output=True
+    )
+    body, hl = bytes(encoded), encoded.header_length
+    assert hl is not None
+    app = V2Server(timeouts=Timeouts(keep_alive=60))
+    with _asyncio_server(app, zero_copy=True, loop_factory=factory) as port:
+        warm = [_echo_once(port, body, hl) for _ in range(5)]
+        time.sleep(0.2)
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            socks = [_echo_once(port, body, hl) for _ in range(50)]
+            time.sleep(0.5)  # every connection waiting for its next request
+            per_connection = (tracemalloc.get_traced_memory()[0] - before) / 50
+        finally:
+            tracemalloc.stop()
+        for sock in warm + socks:
+            sock.close()
+    assert per_connection <= 8 * 1024, per_connection
 
 
 @pytest.mark.parametrize("zero_copy", [True, False], ids=["zero_copy", "streams"])

@@ -10,7 +10,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import h11
@@ -29,8 +29,13 @@ BACKENDS = ["asyncio", "asyncio-streams", "trio"]
 
 
 @contextlib.contextmanager
-def _asyncio_server(app: V2Server, zero_copy: bool, **options: Any) -> Iterator[int]:
-    loop = asyncio.new_event_loop()
+def _asyncio_server(
+    app: V2Server,
+    zero_copy: bool,
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop,
+    **options: Any,
+) -> Iterator[int]:
+    loop = loop_factory()
     ready = threading.Event()
     state: dict[str, Any] = {}
 

@@ -32,6 +32,10 @@ def test_an_object_array_is_refused_not_read_as_pointers() -> None:
         as_byte_view(np.array([b"a", b"bc"], dtype=object))
     with pytest.raises(binproto.LocalProtocolError, match="Python objects"):
         binproto.Parser("request", header_length=None).receive_data(np.array([b"{}"], dtype=object))
+    with pytest.raises(binproto.LocalProtocolError, match="Python objects"):
+        as_byte_view(np.zeros(2, dtype=[("a", "u1"), ("b", "O")]))
+    # A field named with an O holds no object: its bytes are taken.
+    assert len(as_byte_view(np.zeros(2, dtype=[("Obj", "u1")]))) == 2
 
 
 def test_a_strided_buffer_is_refused() -> None:
