@@ -115,16 +115,22 @@ class TrioStream:
 
     async def receive_some(self, max_bytes: int) -> bytes:
         """Up to ``max_bytes`` bytes; ``b""`` at end of stream."""
-        data = await self._bounded(lambda: self.stream.receive_some(max_bytes))
-        return bytes(data)
+        return await self._bounded(lambda: self._receive(max_bytes))
 
     async def send_all(self, buffers: Sequence[Any]) -> None:
         """Write the buffers in order: small ones gathered into one send, big
         ones never joined (see :func:`binproto._util.gather_small`)."""
-        send = self.stream.send_all
         for buf in gather_small(buffers):
             view = as_byte_view(buf)
-            await self._bounded(lambda: send(view))  # noqa: B023 (awaited at once)
+            await self._bounded(lambda: self._send(view))  # noqa: B023 (awaited at once)
+
+    async def _receive(self, max_bytes: int) -> bytes:
+        """One receive, unbounded (:meth:`receive_some` bounds it)."""
+        return bytes(await self.stream.receive_some(max_bytes))
+
+    async def _send(self, view: memoryview) -> None:
+        """Send all of ``view``, unbounded (:meth:`send_all` bounds it)."""
+        await self.stream.send_all(view)
 
     async def to_thread(self, fn: Callable[..., _T], *args: Any) -> _T:
         """Run ``fn(*args)`` in a worker thread and return its result (bodies
@@ -179,35 +185,23 @@ class TrioSocketStream(TrioStream):
 
         return await self._bounded(recv_into)
 
-    async def receive_some(self, max_bytes: int) -> bytes:
-        """Up to ``max_bytes`` bytes; ``b""`` at end of stream."""
+    async def _receive(self, max_bytes: int) -> bytes:
         if max_bytes < 1:  # (b"" would read as the end of the stream)
             raise ValueError("max_bytes must be >= 1")
         sock = self.stream.socket
+        try:
+            return await sock.recv(max_bytes)
+        except OSError as exc:
+            raise _broken(sock, exc) from exc
 
-        async def recv() -> bytes:
-            try:
-                return await sock.recv(max_bytes)
-            except OSError as exc:
-                raise _broken(sock, exc) from exc
-
-        return await self._bounded(recv)
-
-    async def send_all(self, buffers: Sequence[Any]) -> None:
-        """Write the buffers in order, as :meth:`TrioStream.send_all` does."""
+    async def _send(self, view: memoryview) -> None:
         sock = self.stream.socket
-        for buf in gather_small(buffers):
-            view = as_byte_view(buf)
-
-            async def send() -> None:
-                sent = 0
-                try:
-                    while sent < len(view):  # noqa: B023 (awaited at once)
-                        sent += await sock.send(view[sent:])  # noqa: B023
-                except OSError as exc:
-                    raise _broken(sock, exc) from exc
-
-            await self._bounded(send)
+        sent = 0
+        try:
+            while sent < len(view):
+                sent += await sock.send(view[sent:])
+        except OSError as exc:
+            raise _broken(sock, exc) from exc
 
 
 def wrap(
