@@ -376,10 +376,6 @@ class BodyReader:
         for the body read around h11. Only meaningful once the body is done."""
         if not self.direct:
             return self._conn.trailing_data
-        if self._taken == len(self._pending):
-            # Not an empty view: it would keep the whole receive buffer it
-            # was cut from alive while the connection waits for a request.
-            return b"", self._ended
         return self._pending[self._taken :], self._ended
 
     @property

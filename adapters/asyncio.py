@@ -229,10 +229,11 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
         spare = self._spare
         assert spare is not None
         self._spare = None
-        if nbytes < len(spare):
-            # What arrived, copied rather than the buffer shrunk: the loop may
-            # still hold the buffer during this call (uvloop does), and a
-            # bytearray that is held cannot be resized.
+        try:
+            del spare[nbytes:]  # (shrunk in place: no copy)
+        except BufferError:
+            # The loop still holds the buffer during this call (uvloop does),
+            # and a bytearray that is held cannot be resized: copy what came.
             spare = spare[:nbytes]
         if self._leftover:
             self._leftover += spare
