@@ -44,7 +44,8 @@ def as_byte_view(data: Any) -> memoryview:
     if not mv.c_contiguous:
         raise LocalProtocolError(_NOT_CONTIGUOUS)
     if mv.format != "B" or mv.ndim != 1:
-        if "O" in _FIELD_NAME.sub("", mv.format):  # Python objects: their bytes are pointers
+        fmt = mv.format
+        if "O" in fmt and "O" in _FIELD_NAME.sub("", fmt):  # Python objects: pointers
             raise LocalProtocolError(
                 "cannot take the bytes of an array of Python objects (dtype object)"
             )
