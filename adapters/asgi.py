@@ -65,7 +65,8 @@ from binproto._compression import (
     normalize_encoding,
 )
 from binproto._decode import decode
-from binproto._http import error_text
+from binproto._http import body_claims, error_text
+from binproto._parser import DEFAULT_LIMITS, check_arguments
 from binproto._util import aligned_arrays, aligned_copy, as_byte_view, gather_small
 
 if TYPE_CHECKING:
@@ -296,15 +297,17 @@ async def read_request(
     inflated (as :class:`~binproto.adapters.asyncio.V2Server` does). Any other
     body is parsed as it arrives, never held whole.
     """
-    parser = parser_from_scope(scope, limits=limits, strict_bool=strict_bool)
+    claims = body_claims(_scope_headers(scope))
+    check_arguments("request", claims.header_length, claims.content_length, limits, None)
+    limits = limits if limits is not None else DEFAULT_LIMITS
     # The head's claims are checked before the first receive (see iter_events).
-    early = list(parser.events())
+    claims.check(limits)
     chunks = _Chunks(source)
     first = await anext(chunks, None)
-    length = parser.content_length
-    compressed = parser.content_encoding is not None
+    length = claims.content_length
+    compressed = claims.content_encoding is not None
     ahead: tuple[bytes, bytes] | None = None  # a compressed body's first and last bytes
-    if first is not None and length is not None and not early:
+    if first is not None and length is not None:
         if compressed and len(first) < length <= GZIP_AHEAD:
             # A small compressed body is taken whole first: a gzip body's
             # trailer then tells its size before its tensors are inflated.
@@ -314,20 +317,27 @@ async def read_request(
         if compressed and len(first) == length:
             ahead = (bytes(first[:2]), bytes(first[-4:]))
         if not compressed and len(first) == length and destinations is None:
-            # Writable, aligned arrays of their own, as the assembler's.
-            hl = parser.header_length
+            # Writable, aligned arrays of their own, as the assembler's; no
+            # parser: the body is decoded whole.
+            hl = claims.header_length
             decoded = decode(
                 "request",
                 aligned_copy(first, hl or 0),
                 header_length=hl,
-                limits=parser.limits,
+                limits=limits,
                 strict_bool=strict_bool,
             )
             tensors = aligned_arrays(decoded.tensors)
             return decoded if tensors is decoded.tensors else decoded._replace(tensors=tensors)
+    parser = Parser(
+        "request",
+        header_length=claims.header_length,
+        content_length=length,
+        limits=limits,
+        strict_bool=strict_bool,
+        content_encoding=claims.content_encoding,
+    )
     assembler = TensorAssembler(destinations)
-    for event in early:
-        assembler.feed(event)
     if first is not None:
         parser.receive_data(first)
     try:
@@ -350,22 +360,24 @@ async def read_request(
 
 
 def _raw_headers(headers: Iterable[tuple[Any, Any]]) -> list[tuple[bytes, bytes]]:
-    out = []
-    for name, value in headers:
-        key = name if isinstance(name, bytes) else str(name).encode("latin-1")
-        val = value if isinstance(value, bytes) else str(value).encode("latin-1")
-        out.append((key.lower(), val))
-    return out
+    return [
+        (
+            (name if isinstance(name, bytes) else str(name).encode("latin-1")).lower(),
+            value if isinstance(value, bytes) else str(value).encode("latin-1"),
+        )
+        for name, value in headers
+    ]
 
 
-def _pieces(buffer: Any, chunk_size: int) -> Iterable[memoryview]:
-    view = as_byte_view(buffer)
-    if len(view) <= chunk_size:
-        if len(view):
+def _pieces(buffers: Iterable[Any], chunk_size: int) -> Iterator[memoryview]:
+    """Byte views of ``buffers``, each cut into views of at most ``chunk_size``."""
+    for buffer in buffers:
+        view = as_byte_view(buffer)
+        if len(view) <= chunk_size:
             yield view
-        return
-    for start in range(0, len(view), chunk_size):
-        yield view[start : start + chunk_size]
+        else:
+            for start in range(0, len(view), chunk_size):
+                yield view[start : start + chunk_size]
 
 
 async def send_buffers(
@@ -398,9 +410,8 @@ async def _send_raw(
 ) -> None:
     """:func:`send_buffers` with headers already as ASGI wants them."""
     await send({"type": "http.response.start", "status": status, "headers": raw_headers})
-    pieces = (piece for buffer in buffers for piece in _pieces(buffer, chunk_size))
     held: Any = b""
-    for piece in gather_small(pieces):
+    for piece in gather_small(_pieces(buffers, chunk_size)):
         if len(held):
             await send({"type": "http.response.body", "body": held, "more_body": True})
         held = piece
@@ -485,14 +496,14 @@ class EncodedResponse(BufferResponse):
                 f"encoding must be 'gzip', 'deflate' or None, got {encoding!r}"
             ) from None
         items = list(headers.items() if isinstance(headers, Mapping) else headers)
-        framing: list[tuple[Any, Any]] = list(body.headers)
+        framing: list[tuple[Any, Any]] = body.headers
         if coding is not None:
             framing = [(k, v) for k, v in framing if str(k).lower() != "content-length"]
             framing += [("Content-Encoding", coding), ("Vary", "Accept-Encoding")]
         super().__init__(
             body.buffers,
             status_code,
-            [*framing, *items],
+            [*framing, *items] if items else framing,
             background=background,
             chunk_size=chunk_size,
         )
@@ -565,8 +576,9 @@ class WriterResponse(_ResponseBase):
         start = writer.start()
         await send({"type": "http.response.body", "body": start, "more_body": True})
         async for index, data in self._iter_pieces():
-            for piece in _pieces(writer.send(index, data), self.chunk_size):
-                await send({"type": "http.response.body", "body": piece, "more_body": True})
+            for piece in _pieces((writer.send(index, data),), self.chunk_size):
+                if len(piece):
+                    await send({"type": "http.response.body", "body": piece, "more_body": True})
         writer.end()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         if self.background is not None:

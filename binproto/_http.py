@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 from ._compression import normalize_encoding, unsupported_encoding
 from ._errors import ProtocolError, RemoteProtocolError
@@ -12,13 +13,16 @@ from ._header import Kind
 from ._limits import Limits
 from ._parser import Parser
 from ._raw import TensorSpec
+from ._readers import check_lengths
 
 __all__ = [
     "CONTENT_ENCODING_NAME",
     "HEADER_LENGTH_NAME",
     "MAX_ERROR_TEXT",
+    "BodyClaims",
     "HeaderFields",
     "Headers",
+    "body_claims",
     "content_encoding_from",
     "content_length_from",
     "error_text",
@@ -193,6 +197,49 @@ def content_length_from(headers: Headers) -> int | None:
     return int(text)
 
 
+class BodyClaims(NamedTuple):
+    """What a message's HTTP headers say about its body (:func:`body_claims`).
+
+    Attributes:
+        content_length: Content-Length (the body's length on the wire), or None.
+        content_encoding: ``"gzip"``, ``"deflate"`` or None.
+        header_length: Inference-Header-Content-Length, or None (plain JSON).
+    """
+
+    content_length: int | None
+    content_encoding: str | None
+    header_length: int | None
+
+    def check(self, limits: Limits) -> None:
+        """Refuse lengths ``limits`` do not allow, before any body byte is read:
+        the checks a parser built from these claims makes first (a raw binary
+        request, ``header_length`` 0, is refused: it needs a parser's
+        ``raw_input``)."""
+        body_length = self.content_length if self.content_encoding is None else None
+        length = self.header_length if self.header_length is not None else body_length
+        check_lengths(
+            self.header_length, self.content_length, body_length, length, limits, raw=False
+        )
+
+
+def body_claims(headers: Headers) -> BodyClaims:
+    """Read Content-Length, Content-Encoding and Inference-Header-Content-Length.
+
+    With a coding, Content-Length counts the compressed bytes and does not
+    bound the header length. Raises :class:`RemoteProtocolError` for bad
+    values of those headers (status hint 415 for an unsupported content
+    coding), as :func:`content_length_from`, :func:`content_encoding_from`
+    and :func:`header_length_from` do.
+    """
+    if not isinstance(headers, HeaderFields):
+        headers = HeaderFields(headers)  # read once, looked up four times
+    content_length = content_length_from(headers)
+    encoding = content_encoding_from(headers)
+    body_length = content_length if encoding is None else None
+    header_length = header_length_from(headers, content_length=body_length)
+    return BodyClaims(content_length, encoding, header_length)
+
+
 def parser_from_headers(
     kind: Kind,
     headers: Headers,
@@ -206,27 +253,23 @@ def parser_from_headers(
     ``headers`` is any header mapping or list of (name, value) pairs, ``str`` or
     ``bytes``. Inference-Header-Content-Length gives the header length,
     Content-Length the body's length on the wire and Content-Encoding its
-    coding. With a coding, Content-Length counts the compressed bytes: it is
-    passed on as ``content_length`` (the parser ends the compressed input
-    there) but does not bound the header length. ``kind``, ``limits``,
-    ``strict_bool`` and ``raw_input`` are passed to the parser.
+    coding (:func:`body_claims`). With a coding, Content-Length counts the
+    compressed bytes: it is passed on as ``content_length`` (the parser ends
+    the compressed input there) but does not bound the header length.
+    ``kind``, ``limits``, ``strict_bool`` and ``raw_input`` are passed to the
+    parser.
 
     Raises :class:`RemoteProtocolError` for bad values of those headers
     (status hint 415 for an unsupported content coding).
     """
-    if not isinstance(headers, HeaderFields):
-        headers = HeaderFields(headers)  # read once, looked up four times
-    content_length = content_length_from(headers)
-    encoding = content_encoding_from(headers)
-    body_length = content_length if encoding is None else None
-    header_length = header_length_from(headers, content_length=body_length)
+    claims = body_claims(headers)
     return Parser(
         kind,
-        header_length=header_length,
-        content_length=content_length,
+        header_length=claims.header_length,
+        content_length=claims.content_length,
         limits=limits,
         strict_bool=strict_bool,
-        content_encoding=encoding,
+        content_encoding=claims.content_encoding,
         raw_input=raw_input,
     )
 

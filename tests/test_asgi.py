@@ -115,7 +115,11 @@ def test_a_body_in_one_message_is_decoded_whole(monkeypatch: pytest.MonkeyPatch)
     def no_assembler(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the body went through the events")
 
+    def no_parser(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a parser was built")
+
     monkeypatch.setattr(asgi, "TensorAssembler", no_assembler)
+    monkeypatch.setattr(asgi, "Parser", no_parser)  # the head's claims need none either
     msg = asyncio.run(asgi.read_request(scope_for(body.headers), receiver([data])))
     check_decoded(msg)
     assert msg.header == assembled.header
@@ -123,7 +127,7 @@ def test_a_body_in_one_message_is_decoded_whole(monkeypatch: pytest.MonkeyPatch)
         if arr.dtype != object:
             assert arr.flags.writeable and not np.shares_memory(arr, np.frombuffer(data, np.uint8))
     # In pieces, or with destinations, the events are read as they come.
-    with pytest.raises(AssertionError, match="through the events"):
+    with pytest.raises(AssertionError, match="a parser was built"):
         asyncio.run(asgi.read_request(scope_for(body.headers), receiver(split_at(data, 64))))
 
 
@@ -857,10 +861,27 @@ def test_256mib_each_way_server_memory_bounded() -> None:
     assert peak <= 2.5 * payload, peak / payload
 
 
-def test_claims_in_the_head_are_refused_before_the_first_receive() -> None:
+@pytest.mark.parametrize("reader", ["iter_events", "read_request"])
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        ([("Content-Length", str(100 << 30)), ("Inference-Header-Content-Length", "10")], 413),
+        ([("Content-Length", "100"), ("Inference-Header-Content-Length", str(1 << 30))], 400),
+        ([("Content-Length", "100"), ("Inference-Header-Content-Length", "0")], 400),
+        (
+            [("Content-Length", str(65 << 20)), ("Inference-Header-Content-Length", str(65 << 20))],
+            413,
+        ),
+        ([("Content-Length", "10"), ("Content-Encoding", "br")], 415),
+    ],
+)
+def test_claims_in_the_head_are_refused_before_the_first_receive(
+    reader: str, headers: list[tuple[str, str]], status: int
+) -> None:
     # A server sends "100 Continue" on the app's first receive(): a body the
-    # head already rules out must be refused before it.
-    headers = [("Content-Length", str(100 << 30)), ("Inference-Header-Content-Length", "10")]
+    # head already rules out (too long, a header past its end, a raw request,
+    # a header over its limit, a coding binproto cannot decode) must be
+    # refused before it.
     received: list[int] = []
 
     async def receive() -> dict[str, Any]:
@@ -868,12 +889,23 @@ def test_claims_in_the_head_are_refused_before_the_first_receive() -> None:
         return {"type": "http.request", "body": b"{", "more_body": True}
 
     async def main() -> None:
+        if reader == "read_request":
+            await asgi.read_request(scope_for(headers), receive)
+            return
         async for _ in asgi.iter_events(scope_for(headers), receive):
             pass
 
     with pytest.raises(binproto.RemoteProtocolError) as info:
         asyncio.run(main())
-    assert info.value.status_hint == 413 and not received
+    assert info.value.status_hint == status and not received
+
+
+def test_read_request_refuses_bad_limits_as_misuse() -> None:
+    body, data = encoded()
+    with pytest.raises(binproto.LocalProtocolError, match="limits"):
+        asyncio.run(
+            asgi.read_request(scope_for(body.headers), receiver([data]), limits={})  # type: ignore[arg-type]
+        )
 
 
 def test_a_compressed_message_is_never_held_expanded() -> None:

@@ -16,7 +16,7 @@ from binproto import (
     parser_from_headers,
     preferred_encoding,
 )
-from binproto._http import content_length_from
+from binproto._http import HEADER_LENGTH_NAME, BodyClaims, body_claims, content_length_from
 
 
 @pytest.mark.parametrize(
@@ -85,6 +85,52 @@ def _parse_all(parser: Parser, body: bytes) -> binproto.DecodedMessage:
 def _request(**kw: Any) -> tuple[binproto.EncodedBody, bytes]:
     body = binproto.encode_request({"x": np.arange(6, dtype=np.int32)}, **kw)
     return body, b"".join(bytes(memoryview(b)) for b in body.buffers)
+
+
+def test_body_claims_read_the_three_framing_headers() -> None:
+    body, wire = _request()
+    claims = body_claims([(k.lower().encode(), v.encode()) for k, v in body.headers])
+    assert claims == BodyClaims(len(wire), None, body.header_length)
+    assert body_claims({"Content-Length": "7"}) == BodyClaims(7, None, None)
+    # With a coding the header may be longer than the compressed body.
+    coded = {"Content-Length": "10", "Content-Encoding": "x-gzip", HEADER_LENGTH_NAME: "500"}
+    assert body_claims(coded) == BodyClaims(10, "gzip", 500)
+    with pytest.raises(RemoteProtocolError, match="should be in range"):
+        body_claims({"Content-Length": "10", HEADER_LENGTH_NAME: "500"})
+    with pytest.raises(RemoteProtocolError) as info:
+        body_claims({"Content-Length": "10", "Content-Encoding": "br"})
+    assert info.value.status_hint == 415
+
+
+@pytest.mark.parametrize(
+    ("claims", "status", "match"),
+    [
+        (BodyClaims(101, None, 10), 413, "Content-Length 101 exceeds"),
+        (BodyClaims(100, None, 0), 400, "raw binary requests"),
+        (BodyClaims(50, None, 60), 400, "should be in range"),
+        (BodyClaims(100, None, 51), 413, "inference header size 51 exceeds"),
+        (BodyClaims(None, None, 51), 413, "inference header size 51 exceeds"),
+        (BodyClaims(80, None, None), 413, "inference header size 80 exceeds"),
+    ],
+)
+def test_body_claims_check_is_a_parsers_first_check(
+    claims: BodyClaims, status: int, match: str
+) -> None:
+    limits = binproto.Limits(max_body_bytes=100, max_header_bytes=50)
+    with pytest.raises(RemoteProtocolError, match=match) as info:
+        claims.check(limits)
+    assert info.value.status_hint == status
+    # The same claims make a parser fail the same way before any body byte.
+    parser = binproto.Parser(
+        "request",
+        header_length=claims.header_length,
+        content_length=claims.content_length,
+        limits=limits,
+    )
+    with pytest.raises(RemoteProtocolError, match=match):
+        parser.next_event()
+    # A compressed body's length does not bound its (uncompressed) header.
+    BodyClaims(50, "gzip", 60).check(binproto.Limits(max_header_bytes=100))
 
 
 def test_parser_from_headers_reads_the_framing_headers() -> None:
