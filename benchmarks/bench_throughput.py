@@ -14,7 +14,10 @@ its median per-round ratio to the floor under it:
 - and, as a server of its own, the h11 floor doing the echo with binproto's
   codec and nothing else (``h11-codec``), compared with the h11 floor: the
   most any h11 server doing this echo with this codec reaches, so the gap
-  between it and binproto's servers is their own machinery.
+  between it and binproto's servers is their own machinery;
+- and, also compared with the h11 floor, the same floor on trio
+  (``h11-trio-floor``): what trio's event loop costs per request, the ceiling
+  of binproto's trio server.
 
 The floors and the other servers: :mod:`benchmarks.floor_servers`. KServe
 runs when installed; a real Triton (the ``tritonserver`` of the
@@ -56,6 +59,7 @@ KSERVE_ECHO = ROOT / "tests" / "interop" / "kserve_echo_server.py"
 #: Which floor each server is compared with.
 FLOOR_OF = {
     "h11-codec": "h11-floor",
+    "h11-trio-floor": "h11-floor",
     "binproto-asyncio": "h11-floor",
     "binproto-trio": "h11-floor",
     "binproto-asgi": "asgi-floor",
@@ -75,6 +79,7 @@ COMMANDS: dict[str, list[str]] = {
     "h11-floor": [sys.executable, "-m", "benchmarks.floor_servers", "h11", "{port}"],
     "asgi-floor": _uvicorn("benchmarks.floor_servers:asgi_app"),
     "h11-codec": [sys.executable, "-m", "benchmarks.floor_servers", "h11-codec", "{port}"],
+    "h11-trio-floor": [sys.executable, "-m", "benchmarks.floor_servers", "h11-trio", "{port}"],
     "binproto-asyncio": [sys.executable, "-m", "binproto", "serve", "--port", "{port}"],
     "binproto-trio": [
         sys.executable,

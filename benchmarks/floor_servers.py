@@ -10,6 +10,9 @@ server built on the same layer can reach:
   floor of asyncio itself.
 - ``h11``: an ``asyncio.Protocol`` driving ``h11``; the floor of binproto's own
   servers, which parse HTTP with h11.
+- ``h11-trio``: the ``h11`` floor on trio (a task per connection, trio's
+  socket stream): the floor of binproto's trio server, whose event loop costs
+  more per request than asyncio's.
 - ``h11-codec``: the ``h11`` floor doing an echo with binproto's codec and
   nothing else (``decode_request`` of the whole body, ``encode_response``, no
   routing, limits, timeouts or handler): the most any h11 server doing this
@@ -174,6 +177,36 @@ async def binproto_asgi_app(scope: dict[str, Any], receive: Any, send: Any) -> N
     await EncodedResponse(body)(scope, receive, send)
 
 
+async def _trio_connection(stream: Any) -> None:
+    """The h11 floor's work for one trio connection."""
+    import trio
+
+    conn = h11.Connection(h11.SERVER)
+    try:
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                conn.receive_data(await stream.receive_some(65536))
+            elif type(event) is h11.EndOfMessage:
+                head = conn.send(h11.Response(status_code=200, headers=_HEADERS))
+                await stream.send_all(
+                    head + conn.send(h11.Data(data=ANSWER)) + conn.send(h11.EndOfMessage())
+                )
+                conn.start_next_cycle()
+            elif type(event) is h11.ConnectionClosed or event is h11.PAUSED:
+                return
+    except (trio.BrokenResourceError, h11.RemoteProtocolError):
+        return  # the client went away (wrk resets its connections at the end)
+    finally:
+        await stream.aclose()
+
+
+def _serve_trio(port: int) -> None:
+    import trio
+
+    trio.run(lambda: trio.serve_tcp(_trio_connection, port, host="127.0.0.1", backlog=2048))
+
+
 async def _serve(kind: str, port: int) -> None:
     factory = {"bare": BareProtocol, "h11": H11Protocol, "h11-codec": H11CodecProtocol}[kind]
     loop = asyncio.get_running_loop()
@@ -183,4 +216,7 @@ async def _serve(kind: str, port: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(_serve(sys.argv[1], int(sys.argv[2])))
+    if sys.argv[1] == "h11-trio":
+        _serve_trio(int(sys.argv[2]))
+    else:
+        asyncio.run(_serve(sys.argv[1], int(sys.argv[2])))

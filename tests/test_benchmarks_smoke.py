@@ -212,6 +212,19 @@ def test_the_codec_floor_echoes_what_it_is_sent() -> None:
         conn.close()
 
 
+def test_the_trio_floor_answers_each_request_of_a_connection() -> None:
+    """The ``h11-trio-floor`` reads each request whole and answers it, on
+    one keep-alive connection, as the asyncio floor does."""
+    body = binproto.encode_request({"input0": np.arange(1024, dtype=np.float32)})
+    with running("h11-trio-floor", COMMANDS["h11-trio-floor"]) as port:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        for _ in range(3):
+            conn.request("POST", "/v2/models/echo/infer", body=bytes(body))
+            answer = conn.getresponse()
+            assert answer.status == 200 and answer.read() == b"x" * 4096
+        conn.close()
+
+
 def test_throughput_against_a_revision_runs_its_servers_in_the_same_rounds(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
