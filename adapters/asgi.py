@@ -302,9 +302,10 @@ async def read_request(
     limits = limits if limits is not None else DEFAULT_LIMITS
     # The head's claims are checked before the first receive (see iter_events).
     claims.check(limits)
-    chunks = _Chunks(source)
-    first = await anext(chunks, None)
     length = claims.content_length
+    chunks = _Chunks(source)
+    # An empty body is refused by the parser below, before any receive.
+    first = await anext(chunks, None) if length != 0 else None
     compressed = claims.content_encoding is not None
     ahead: tuple[bytes, bytes] | None = None  # a compressed body's first and last bytes
     if first is not None and length is not None:
@@ -370,7 +371,8 @@ def _raw_headers(headers: Iterable[tuple[Any, Any]]) -> list[tuple[bytes, bytes]
 
 
 def _pieces(buffers: Iterable[Any], chunk_size: int) -> Iterator[memoryview]:
-    """Byte views of ``buffers``, each cut into views of at most ``chunk_size``."""
+    """Byte views of ``buffers`` (empty ones included), each cut into views of
+    at most ``chunk_size`` bytes."""
     for buffer in buffers:
         view = as_byte_view(buffer)
         if len(view) <= chunk_size:

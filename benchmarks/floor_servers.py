@@ -192,11 +192,15 @@ async def _trio_connection(stream: Any) -> None:
                 await stream.send_all(
                     head + conn.send(h11.Data(data=ANSWER)) + conn.send(h11.EndOfMessage())
                 )
+                if conn.our_state is h11.MUST_CLOSE:  # Connection: close, HTTP/1.0
+                    return
                 conn.start_next_cycle()
             elif type(event) is h11.ConnectionClosed or event is h11.PAUSED:
                 return
-    except (trio.BrokenResourceError, h11.RemoteProtocolError):
-        return  # the client went away (wrk resets its connections at the end)
+    except (trio.BrokenResourceError, h11.ProtocolError):
+        # The client went away (wrk resets its connections at the end), or
+        # sent what h11 refuses: that connection ends, the server goes on.
+        return
     finally:
         await stream.aclose()
 

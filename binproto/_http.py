@@ -212,9 +212,10 @@ class BodyClaims(NamedTuple):
 
     def check(self, limits: Limits) -> None:
         """Refuse lengths ``limits`` do not allow, before any body byte is read:
-        the checks a parser built from these claims makes first (a raw binary
-        request, ``header_length`` 0, is refused: it needs a parser's
-        ``raw_input``)."""
+        the length checks a parser built from these claims makes first (a raw
+        binary request, ``header_length`` 0, is refused: it needs a parser's
+        ``raw_input``). An empty body passes: its fault, no JSON header, is
+        found by parsing it."""
         body_length = self.content_length if self.content_encoding is None else None
         length = self.header_length if self.header_length is not None else body_length
         check_lengths(

@@ -873,6 +873,8 @@ def test_256mib_each_way_server_memory_bounded() -> None:
             413,
         ),
         ([("Content-Length", "10"), ("Content-Encoding", "br")], 415),
+        ([("Content-Length", "0")], 400),  # no body: no header
+        ([("Content-Length", "0"), ("Content-Encoding", "gzip")], 400),
     ],
 )
 def test_claims_in_the_head_are_refused_before_the_first_receive(
@@ -900,12 +902,19 @@ def test_claims_in_the_head_are_refused_before_the_first_receive(
     assert info.value.status_hint == status and not received
 
 
-def test_read_request_refuses_bad_limits_as_misuse() -> None:
+def test_read_request_refuses_bad_limits_as_misuse_before_receiving() -> None:
     body, data = encoded()
+    received: list[int] = []
+
+    async def receive() -> dict[str, Any]:
+        received.append(1)
+        return {"type": "http.request", "body": data, "more_body": False}
+
     with pytest.raises(binproto.LocalProtocolError, match="limits"):
         asyncio.run(
-            asgi.read_request(scope_for(body.headers), receiver([data]), limits={})  # type: ignore[arg-type]
+            asgi.read_request(scope_for(body.headers), receive, limits={})  # type: ignore[arg-type]
         )
+    assert not received
 
 
 def test_a_compressed_message_is_never_held_expanded() -> None:

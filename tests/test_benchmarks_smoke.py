@@ -223,6 +223,19 @@ def test_the_trio_floor_answers_each_request_of_a_connection() -> None:
             answer = conn.getresponse()
             assert answer.status == 200 and answer.read() == b"x" * 4096
         conn.close()
+        # A request that ends its connection, then a bad one: the server goes on.
+        for headers in ({"Connection": "close"}, {"Content-Length": "x"}):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            conn.request("POST", "/", body=b"{}", headers=headers)
+            try:
+                conn.getresponse().read()
+            except (http.client.HTTPException, ConnectionError):
+                pass  # the refused request gets no answer from a floor
+            conn.close()
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("POST", "/v2/models/echo/infer", body=bytes(body))
+        assert conn.getresponse().read() == b"x" * 4096
+        conn.close()
 
 
 def test_throughput_against_a_revision_runs_its_servers_in_the_same_rounds(
