@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import errno
 import math
+import select
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -146,6 +147,12 @@ class TrioStream:
         await self.stream.aclose()
 
 
+# What poll() reports for a socket that failed, was closed or hung up.
+_POLL_FAULTS = (
+    getattr(select, "POLLERR", 0) | getattr(select, "POLLHUP", 0) | getattr(select, "POLLNVAL", 0)
+)
+
+
 def _broken(sock: trio.socket.SocketType, exc: OSError) -> Exception:
     """An ``OSError`` of a socket as :class:`trio.SocketStream` reports it."""
     if exc.errno in (errno.EBADF, errno.ENOTSOCK) or sock.fileno() == -1:
@@ -162,13 +169,38 @@ class TrioSocketStream(TrioStream):
     check to every call, a share of each small request's cost. So, unlike a
     ``trio.SocketStream``, it does not detect two tasks sending (or
     receiving) at once: one task at a time uses it, as the server and the
-    client do.
+    client do. And a call that cannot wait (bytes already there to receive,
+    room in the socket for what is sent) is made without a deadline: the
+    timeout bounds waits, and a trio cancel scope per call is over a tenth
+    of a small request's cost (``poll`` tells, where the platform has it).
     """
 
     stream: trio.SocketStream
 
     def __init__(self, stream: trio.SocketStream, timeout: float | None = None) -> None:
         super().__init__(stream, timeout)
+        # Asks the kernel whether a receive or a send would wait (see _ready).
+        fd = stream.socket.fileno()
+        self._poll = select.poll() if hasattr(select, "poll") and fd >= 0 else None
+        if self._poll is not None:
+            self._poll.register(fd, select.POLLIN | select.POLLOUT)
+
+    def _ready(self, event: int) -> bool:
+        """True when the socket is ready for ``event`` (POLLIN, POLLOUT): the
+        call would not wait, so it needs no deadline. A cancel scope costs a
+        few microseconds, a share of each small request; asking costs one
+        system call. An error or a hang-up counts as ready: the call then
+        fails at once."""
+        if self._poll is None:
+            return False
+        found = self._poll.poll(0)
+        return bool(found) and bool(found[0][1] & (event | _POLL_FAULTS))
+
+    async def receive_some(self, max_bytes: int) -> bytes:
+        """Up to ``max_bytes`` bytes; ``b""`` at end of stream."""
+        if self._ready(select.POLLIN):
+            return await self._receive(max_bytes)
+        return await super().receive_some(max_bytes)
 
     async def receive_into(self, view: memoryview) -> int:
         """Receive up to ``len(view)`` bytes into ``view``; 0 at end of stream."""
@@ -183,7 +215,24 @@ class TrioSocketStream(TrioStream):
             except OSError as exc:
                 raise _broken(sock, exc) from exc
 
+        if self._ready(select.POLLIN):
+            return await recv_into()
         return await self._bounded(recv_into)
+
+    async def send_all(self, buffers: Sequence[Any]) -> None:
+        """Write the buffers in order, as :meth:`TrioStream.send_all`; a send
+        the socket can take at once is made without a deadline, the rest of
+        a buffer it took only in part within one."""
+        sock = self.stream.socket
+        for buf in gather_small(buffers):
+            view = as_byte_view(buf)
+            if self._ready(select.POLLOUT):
+                try:
+                    view = view[await sock.send(view) :]
+                except OSError as exc:
+                    raise _broken(sock, exc) from exc
+            if len(view):
+                await self._bounded(lambda: self._send(view))  # noqa: B023 (awaited at once)
 
     async def _receive(self, max_bytes: int) -> bytes:
         if max_bytes < 1:  # (b"" would read as the end of the stream)

@@ -1092,3 +1092,68 @@ def test_socket_stream_refuses_a_zero_byte_receive_and_reports_a_closed_socket()
         b.close()
 
     trio.run(main)
+
+
+def test_socket_calls_that_cannot_wait_need_no_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A cancel scope per call is a share of each small request's cost: a
+    # receive with bytes waiting, or a send the socket takes whole, cannot
+    # wait, so it is made without one. Calls that may wait keep their bound.
+    bounded: list[int] = []
+    plain_bounded = bt.TrioStream._bounded
+
+    async def counting(self: bt.TrioStream, op: Any) -> Any:
+        bounded.append(1)
+        return await plain_bounded(self, op)
+
+    monkeypatch.setattr(bt.TrioStream, "_bounded", counting)
+
+    async def main() -> None:
+        a, b = trio.socket.socketpair()
+        stream = bt.TrioSocketStream(trio.SocketStream(a), timeout=0.2)
+        await b.send(b"hello")
+        await trio.sleep(0.01)
+        assert await stream.receive_some(3) == b"hel"
+        view = memoryview(bytearray(8))
+        assert await stream.receive_into(view) == 2 and bytes(view[:2]) == b"lo"
+        await stream.send_all([b"small", b" answer"])
+        assert await b.recv(100) == b"small answer"
+        assert bounded == []
+        # Nothing to read: the wait is bounded.
+        with pytest.raises(TimeoutError):
+            await stream.receive_some(10)
+        with pytest.raises(TimeoutError):
+            await stream.receive_into(view)
+        assert len(bounded) == 2
+        # More than the socket takes at once, to a peer that reads nothing:
+        # what is left after the first send is bounded too.
+        with pytest.raises(TimeoutError):
+            await stream.send_all([np.zeros(16 << 20, dtype=np.uint8)])
+        assert len(bounded) == 3
+        a.close()
+        b.close()
+
+    trio.run(main)
+
+
+def test_a_send_taken_in_part_arrives_whole_and_in_order() -> None:
+    data = np.random.default_rng(1).integers(0, 256, size=8 << 20, dtype=np.uint8)
+
+    async def main() -> None:
+        a, b = trio.socket.socketpair()
+        stream = bt.TrioSocketStream(trio.SocketStream(a), timeout=5)
+        got = bytearray()
+
+        async def read_all() -> None:
+            while len(got) < data.nbytes + 4:
+                chunk = await b.recv(1 << 16)
+                assert chunk
+                got.extend(chunk)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_all)
+            await stream.send_all([b"head", data])
+        assert bytes(got[:4]) == b"head" and got[4:] == data.tobytes()
+        a.close()
+        b.close()
+
+    trio.run(main)
