@@ -65,7 +65,7 @@ from binproto._compression import (
     normalize_encoding,
 )
 from binproto._decode import decode
-from binproto._http import body_claims, error_text
+from binproto._http import error_text
 from binproto._parser import DEFAULT_LIMITS, check_arguments
 from binproto._util import aligned_arrays, aligned_copy, as_byte_view, gather_small
 
@@ -297,7 +297,7 @@ async def read_request(
     inflated (as :class:`~binproto.adapters.asyncio.V2Server` does). Any other
     body is parsed as it arrives, never held whole.
     """
-    claims = body_claims(_scope_headers(scope))
+    claims = binproto.body_claims(_scope_headers(scope))
     check_arguments("request", claims.header_length, claims.content_length, limits, None)
     limits = limits if limits is not None else DEFAULT_LIMITS
     # The head's claims are checked before the first receive (see iter_events).

@@ -24,7 +24,9 @@ from ._events import (
 from ._header import InferenceHeader, Kind, RequestedOutput, TensorInfo
 from ._http import (
     HEADER_LENGTH_NAME,
+    BodyClaims,
     HeaderFields,
+    body_claims,
     content_encoding_from,
     header_length_from,
     message_headers,
@@ -42,6 +44,7 @@ __all__ = [
     "DATATYPES",
     "HEADER_LENGTH_NAME",
     "NEED_DATA",
+    "BodyClaims",
     "BodyWriter",
     "BytesDecoder",
     "BytesFramer",
@@ -69,6 +72,7 @@ __all__ = [
     "TensorInfo",
     "TensorSpec",
     "__version__",
+    "body_claims",
     "compress_buffers",
     "content_encoding_from",
     "datatype_for_dtype",

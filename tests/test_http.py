@@ -10,13 +10,16 @@ import pytest
 
 import binproto
 from binproto import (
+    HEADER_LENGTH_NAME,
+    BodyClaims,
     Parser,
     RemoteProtocolError,
+    body_claims,
     header_length_from,
     parser_from_headers,
     preferred_encoding,
 )
-from binproto._http import HEADER_LENGTH_NAME, BodyClaims, body_claims, content_length_from
+from binproto._http import content_length_from
 
 
 @pytest.mark.parametrize(
