@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import errno
 import math
-import select
+import os
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -110,7 +110,7 @@ class TrioStream:
             try:
                 return await op()
             except trio.BrokenResourceError as exc:
-                raise ConnectionResetError(f"the connection is broken: {exc}") from exc
+                raise _reset(exc) from exc
         # Only the scope's own deadline gets here (it caught its cancellation).
         raise TimeoutError(f"no bytes from the peer within {timeout} s")
 
@@ -147,17 +147,21 @@ class TrioStream:
         await self.stream.aclose()
 
 
-# What poll() reports for a socket that failed, was closed or hung up.
-_POLL_FAULTS = (
-    getattr(select, "POLLERR", 0) | getattr(select, "POLLHUP", 0) | getattr(select, "POLLNVAL", 0)
-)
-
-
 def _broken(sock: trio.socket.SocketType, exc: OSError) -> Exception:
     """An ``OSError`` of a socket as :class:`trio.SocketStream` reports it."""
     if exc.errno in (errno.EBADF, errno.ENOTSOCK) or sock.fileno() == -1:
         return trio.ClosedResourceError("the socket was closed")
     return trio.BrokenResourceError(f"socket connection broken: {exc}")
+
+
+def _reset(exc: trio.BrokenResourceError) -> ConnectionResetError:
+    """A broken connection as the ByteStream contract (and asyncio) says it."""
+    return ConnectionResetError(f"the connection is broken: {exc}")
+
+
+# A socket is a file descriptor here: os.read, os.readv and os.write make its
+# non-blocking calls (on Windows, trio's socket methods make them all).
+_DESCRIPTORS = os.name == "posix"
 
 
 class TrioSocketStream(TrioStream):
@@ -169,43 +173,53 @@ class TrioSocketStream(TrioStream):
     check to every call, a share of each small request's cost. So, unlike a
     ``trio.SocketStream``, it does not detect two tasks sending (or
     receiving) at once: one task at a time uses it, as the server and the
-    client do. And a call that cannot wait (bytes already there to receive,
-    room in the socket for what is sent) is made without a deadline: the
-    timeout bounds waits, and a trio cancel scope per call is over a tenth
-    of a small request's cost (``poll`` tells, where the platform has it).
+    client do. And each call is first made at once, without a deadline:
+    the timeout bounds waits, and a trio cancel scope per call is over a
+    tenth of a small request's cost; only a call that would wait (the
+    kernel says EAGAIN) waits, within the timeout.
     """
 
     stream: trio.SocketStream
 
     def __init__(self, stream: trio.SocketStream, timeout: float | None = None) -> None:
         super().__init__(stream, timeout)
-        # Asks the kernel whether a receive or a send would wait (see _ready).
-        fd = stream.socket.fileno()
-        self._poll = select.poll() if hasattr(select, "poll") and fd >= 0 else None
-        if self._poll is not None:
-            self._poll.register(fd, select.POLLIN | select.POLLOUT)
 
-    def _ready(self, event: int) -> bool:
-        """True when the socket is ready for ``event`` (POLLIN, POLLOUT): the
-        call would not wait, so it needs no deadline. A cancel scope costs a
-        few microseconds, a share of each small request; asking costs one
-        system call. An error or a hang-up counts as ready: the call then
-        fails at once."""
-        if self._poll is None:
-            return False
-        found = self._poll.poll(0)
-        return bool(found) and bool(found[0][1] & (event | _POLL_FAULTS))
+    async def _at_once(self, call: Callable[[int], _T]) -> _T | None:
+        """``call(fd)`` on the socket's (non-blocking) descriptor, made now as
+        trio makes a socket call that does not wait: a cancellation point
+        before it, a schedule point after it. None when it would wait (the
+        caller then waits within the timeout). A fault is raised as a
+        bounded call raises it."""
+        if not _DESCRIPTORS:
+            return None
+        sock = self.stream.socket
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            result = call(sock.fileno())  # a closed socket's is -1: EBADF
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            fault = _broken(sock, exc)
+            raise (_reset(fault) if isinstance(fault, trio.BrokenResourceError) else fault) from exc
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return result
 
     async def receive_some(self, max_bytes: int) -> bytes:
         """Up to ``max_bytes`` bytes; ``b""`` at end of stream."""
-        if self._ready(select.POLLIN):
-            return await self._receive(max_bytes)
+        if max_bytes < 1:  # (b"" would read as the end of the stream)
+            raise ValueError("max_bytes must be >= 1")
+        data = await self._at_once(lambda fd: os.read(fd, max_bytes))
+        if data is not None:
+            return data
         return await super().receive_some(max_bytes)
 
     async def receive_into(self, view: memoryview) -> int:
         """Receive up to ``len(view)`` bytes into ``view``; 0 at end of stream."""
         if not len(view):
             return 0
+        received = await self._at_once(lambda fd: os.readv(fd, [view]))
+        if received is not None:
+            return received
         sock = self.stream.socket
 
         async def recv_into() -> int:
@@ -215,28 +229,20 @@ class TrioSocketStream(TrioStream):
             except OSError as exc:
                 raise _broken(sock, exc) from exc
 
-        if self._ready(select.POLLIN):
-            return await recv_into()
         return await self._bounded(recv_into)
 
     async def send_all(self, buffers: Sequence[Any]) -> None:
-        """Write the buffers in order, as :meth:`TrioStream.send_all`; a send
-        the socket can take at once is made without a deadline, the rest of
-        a buffer it took only in part within one."""
-        sock = self.stream.socket
+        """Write the buffers in order, as :meth:`TrioStream.send_all`; what
+        the socket does not take at once is sent within the timeout."""
         for buf in gather_small(buffers):
             view = as_byte_view(buf)
-            if self._ready(select.POLLOUT):
-                try:
-                    view = view[await sock.send(view) :]
-                except OSError as exc:
-                    raise _broken(sock, exc) from exc
+            sent = await self._at_once(lambda fd: os.write(fd, view))  # noqa: B023 (called at once)
+            if sent is not None:
+                view = view[sent:]
             if len(view):
                 await self._bounded(lambda: self._send(view))  # noqa: B023 (awaited at once)
 
     async def _receive(self, max_bytes: int) -> bytes:
-        if max_bytes < 1:  # (b"" would read as the end of the stream)
-            raise ValueError("max_bytes must be >= 1")
         sock = self.stream.socket
         try:
             return await sock.recv(max_bytes)

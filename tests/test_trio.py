@@ -13,6 +13,7 @@ import json
 import os
 import pathlib
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -1094,6 +1095,7 @@ def test_socket_stream_refuses_a_zero_byte_receive_and_reports_a_closed_socket()
     trio.run(main)
 
 
+@pytest.mark.skipif(os.name != "posix", reason="trio's own socket calls elsewhere: all bounded")
 def test_socket_calls_that_cannot_wait_need_no_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
     # A cancel scope per call is a share of each small request's cost: a
     # receive with bytes waiting, or a send the socket takes whole, cannot
@@ -1155,5 +1157,63 @@ def test_a_send_taken_in_part_arrives_whole_and_in_order() -> None:
         assert bytes(got[:4]) == b"head" and got[4:] == data.tobytes()
         a.close()
         b.close()
+
+    trio.run(main)
+
+
+@pytest.mark.parametrize("call", ["receive_some", "receive_into", "send_all"])
+def test_a_reset_connection_is_a_connection_reset_error(call: str) -> None:
+    # Whether the call is made at once or waits, a broken connection reads as
+    # asyncio says it (the server and client catch ConnectionError).
+    async def main() -> None:
+        listener = trio.socket.socket()
+        await listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        client = await trio.open_tcp_stream("127.0.0.1", listener.getsockname()[1])
+        peer, _ = await listener.accept()
+        peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        peer.close()  # a reset, not a close
+        await trio.sleep(0.05)
+        stream = bt.TrioSocketStream(client, timeout=5)
+        with pytest.raises(ConnectionResetError):
+            if call == "receive_some":
+                await stream.receive_some(10)
+            elif call == "receive_into":
+                await stream.receive_into(memoryview(bytearray(4)))
+            else:
+                for _ in range(3):  # a first send may still be taken
+                    await stream.send_all([b"x" * 1024])
+                    await trio.sleep(0.05)
+        await client.aclose()
+        listener.close()
+
+    trio.run(main)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_TIMESTAMPING is Linux's")
+def test_a_socket_with_only_an_error_queue_to_read_still_times_out() -> None:
+    # Transmit timestamps queue up on the socket's error queue (poll says
+    # POLLERR) while no byte is there to read: the receive waits, and its
+    # wait is bounded.
+    timestamping = getattr(socket, "SO_TIMESTAMPING", 37)
+
+    async def main() -> None:
+        listener = trio.socket.socket()
+        await listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        client = await trio.open_tcp_stream("127.0.0.1", listener.getsockname()[1])
+        peer, _ = await listener.accept()
+        # TX_SOFTWARE | SOFTWARE | OPT_ID | OPT_TSONLY
+        flags = (1 << 1) | (1 << 4) | (1 << 7) | (1 << 11)
+        client.socket.setsockopt(socket.SOL_SOCKET, timestamping, flags)
+        stream = bt.TrioSocketStream(client, timeout=0.3)
+        await stream.send_all([b"ping"])
+        await trio.sleep(0.05)
+        with trio.fail_after(3):
+            with pytest.raises(TimeoutError):
+                await stream.receive_some(10)
+        peer.close()
+        await client.aclose()
+        listener.close()
 
     trio.run(main)
