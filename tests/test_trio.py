@@ -1161,16 +1161,22 @@ def test_a_send_taken_in_part_arrives_whole_and_in_order() -> None:
     trio.run(main)
 
 
+async def _tcp_pair() -> tuple[trio.socket.SocketType, trio.SocketStream, trio.socket.SocketType]:
+    """A listener, a TCP stream connected to it, and the accepted socket."""
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    client = await trio.open_tcp_stream("127.0.0.1", listener.getsockname()[1])
+    peer, _ = await listener.accept()
+    return listener, client, peer
+
+
 @pytest.mark.parametrize("call", ["receive_some", "receive_into", "send_all"])
 def test_a_reset_connection_is_a_connection_reset_error(call: str) -> None:
     # Whether the call is made at once or waits, a broken connection reads as
     # asyncio says it (the server and client catch ConnectionError).
     async def main() -> None:
-        listener = trio.socket.socket()
-        await listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        client = await trio.open_tcp_stream("127.0.0.1", listener.getsockname()[1])
-        peer, _ = await listener.accept()
+        listener, client, peer = await _tcp_pair()
         peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         peer.close()  # a reset, not a close
         await trio.sleep(0.05)
@@ -1198,11 +1204,7 @@ def test_a_socket_with_only_an_error_queue_to_read_still_times_out() -> None:
     timestamping = getattr(socket, "SO_TIMESTAMPING", 37)
 
     async def main() -> None:
-        listener = trio.socket.socket()
-        await listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        client = await trio.open_tcp_stream("127.0.0.1", listener.getsockname()[1])
-        peer, _ = await listener.accept()
+        listener, client, peer = await _tcp_pair()
         # TX_SOFTWARE | SOFTWARE | OPT_ID | OPT_TSONLY
         flags = (1 << 1) | (1 << 4) | (1 << 7) | (1 << 11)
         client.socket.setsockopt(socket.SOL_SOCKET, timestamping, flags)
