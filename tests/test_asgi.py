@@ -103,6 +103,45 @@ def test_read_request_hypothesis_splits(cuts: list[int]) -> None:
     check_decoded(msg)
 
 
+def _outcome(headers: list[tuple[str, str]], chunks: list[bytes]) -> tuple[Any, ...]:
+    """What read_request makes of a body: its header and tensors, or its fault."""
+    try:
+        msg = asyncio.run(asgi.read_request(scope_for(headers), receiver(chunks)))
+    except binproto.ProtocolError as exc:
+        return (type(exc).__name__, exc.status_hint, exc.offset, exc.msg)
+    arrays = {
+        name: (a.dtype.str, a.shape, a.tolist() if a.dtype == object else a.tobytes())
+        for name, a in msg.tensors.items()
+    }
+    return ("ok", msg.header.raw, arrays)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    edits=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=3),
+    cut=st.integers(0, 10**6),
+    length=st.sampled_from([0, -1, 1]),
+)
+def test_a_body_whole_or_in_pieces_gives_the_same_result_or_fault(
+    edits: list[tuple[int, int]], cut: int, length: int
+) -> None:
+    # A body in one message is decoded whole, one in pieces by the parser:
+    # for damaged bodies and a wrong header length too, the same outcome.
+    body, data = encoded()
+    damaged = bytearray(data)
+    for where, value in edits:
+        damaged[where % len(damaged)] = value
+    headers = [
+        (k, str(int(v) + length) if k == binproto.HEADER_LENGTH_NAME else v)
+        for k, v in body.headers
+    ]
+    point = 1 + cut % (len(damaged) - 1)
+    whole = _outcome(headers, [bytes(damaged)])
+    assert whole == _outcome(headers, [bytes(damaged[:point]), bytes(damaged[point:])])
+    if not edits and not length:
+        assert whole[0] == "ok"
+
+
 def test_a_body_in_one_message_is_decoded_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     # Most small requests arrive in one message: decoded as a whole body (the
     # parser's checks without its per-event work), into writable arrays of
