@@ -116,6 +116,9 @@ class TrioStream:
 
     async def receive_some(self, max_bytes: int) -> bytes:
         """Up to ``max_bytes`` bytes; ``b""`` at end of stream."""
+        data = await self._receive_now(max_bytes)
+        if data is not None:
+            return data
         return await self._bounded(lambda: self._receive(max_bytes))
 
     async def send_all(self, buffers: Sequence[Any]) -> None:
@@ -123,7 +126,23 @@ class TrioStream:
         ones never joined (see :func:`binproto._util.gather_small`)."""
         for buf in gather_small(buffers):
             view = as_byte_view(buf)
-            await self._bounded(lambda: self._send(view))  # noqa: B023 (awaited at once)
+            sent = await self._send_now(view)
+            if sent is not None:
+                view = view[sent:]
+            if len(view):
+                await self._bounded(lambda: self._send(view))  # noqa: B023 (awaited at once)
+
+    # The primitives: a call made now, which never waits (None: it would, or
+    # the stream cannot tell), and a call that may wait (bounded above).
+
+    async def _receive_now(self, max_bytes: int) -> bytes | None:
+        """A receive made without waiting; None when it would wait. Any trio
+        stream may wait on any call: this one always says so."""
+        return None
+
+    async def _send_now(self, view: memoryview) -> int | None:
+        """Bytes of ``view`` sent without waiting; None when that would wait."""
+        return None
 
     async def _receive(self, max_bytes: int) -> bytes:
         """One receive, unbounded (:meth:`receive_some` bounds it)."""
@@ -181,9 +200,6 @@ class TrioSocketStream(TrioStream):
 
     stream: trio.SocketStream
 
-    def __init__(self, stream: trio.SocketStream, timeout: float | None = None) -> None:
-        super().__init__(stream, timeout)
-
     async def _at_once(self, call: Callable[[int], _T]) -> _T | None:
         """``call(fd)`` on the socket's (non-blocking) descriptor, made now as
         trio makes a socket call that does not wait: a cancellation point
@@ -204,15 +220,6 @@ class TrioSocketStream(TrioStream):
         await trio.lowlevel.cancel_shielded_checkpoint()
         return result
 
-    async def receive_some(self, max_bytes: int) -> bytes:
-        """Up to ``max_bytes`` bytes; ``b""`` at end of stream."""
-        if max_bytes < 1:  # (b"" would read as the end of the stream)
-            raise ValueError("max_bytes must be >= 1")
-        data = await self._at_once(lambda fd: os.read(fd, max_bytes))
-        if data is not None:
-            return data
-        return await super().receive_some(max_bytes)
-
     async def receive_into(self, view: memoryview) -> int:
         """Receive up to ``len(view)`` bytes into ``view``; 0 at end of stream."""
         if not len(view):
@@ -231,16 +238,13 @@ class TrioSocketStream(TrioStream):
 
         return await self._bounded(recv_into)
 
-    async def send_all(self, buffers: Sequence[Any]) -> None:
-        """Write the buffers in order, as :meth:`TrioStream.send_all`; what
-        the socket does not take at once is sent within the timeout."""
-        for buf in gather_small(buffers):
-            view = as_byte_view(buf)
-            sent = await self._at_once(lambda fd: os.write(fd, view))  # noqa: B023 (called at once)
-            if sent is not None:
-                view = view[sent:]
-            if len(view):
-                await self._bounded(lambda: self._send(view))  # noqa: B023 (awaited at once)
+    async def _receive_now(self, max_bytes: int) -> bytes | None:
+        if max_bytes < 1:  # (b"" would read as the end of the stream)
+            raise ValueError("max_bytes must be >= 1")
+        return await self._at_once(lambda fd: os.read(fd, max_bytes))
+
+    async def _send_now(self, view: memoryview) -> int | None:
+        return await self._at_once(lambda fd: os.write(fd, view))
 
     async def _receive(self, max_bytes: int) -> bytes:
         sock = self.stream.socket
