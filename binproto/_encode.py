@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _json
 from ._bytes import join_bytes
 from ._datatypes import DATATYPES, DataType, datatype_for_dtype
 from ._errors import LocalProtocolError, RemoteProtocolError
@@ -388,17 +389,24 @@ def _is_utf8(data: bytes) -> bool:
     return True
 
 
+def _floatless(params: Mapping[str, Any]) -> bool:
+    """True when checked parameters hold no float (see dumps_header's ``plain``)."""
+    return float not in map(type, params.values())
+
+
 def _place(
     prepared: list[_Prepared], binary: list[bool], role: str, *, utf8_fallback: bool = False
-) -> tuple[list[dict[str, Any]], list[bytes | memoryview], bool]:
-    """The JSON objects of the tensors, the buffers of the binary ones, and
-    whether an array's JSON data is among the objects (see dumps_header).
+) -> tuple[list[dict[str, Any]], list[bytes | memoryview], bool, bool]:
+    """The JSON objects of the tensors, the buffers of the binary ones,
+    whether an array's JSON data is among the objects, and whether the
+    objects are plain: no JSON data, no float parameter (see dumps_header).
 
     ``binary`` is the caller's choice per tensor; FP16 and BF16 always travel
     binary, and with ``utf8_fallback`` so do BYTES that JSON cannot carry."""
     objs: list[dict[str, Any]] = []
     buffers: list[bytes | memoryview] = []
     arrays = False
+    plain = True
     for p, chosen in zip(prepared, binary, strict=True):
         as_binary = (
             chosen
@@ -417,7 +425,9 @@ def _place(
             buffers.append(buf)
         if params:
             obj["parameters"] = params
+            plain = plain and _floatless(p.parameters)
         if not as_binary:
+            plain = False
             if p.elements is not None:
                 obj["data"] = _json_strings(p.elements, f"{role} '{p.name}'")
             elif p.json_data is not None:
@@ -427,7 +437,7 @@ def _place(
                 obj["data"] = _ArrayData(p.array.ravel())
                 arrays = True
         objs.append(obj)
-    return objs, buffers, arrays
+    return objs, buffers, arrays, plain
 
 
 # Built once: json.dumps with arguments builds an encoder on every call.
@@ -476,14 +486,28 @@ def _numbers(part: np.ndarray[Any, Any]) -> str:
     return _JSON.encode(part.tolist())[1:-1]
 
 
-def dumps_header(obj: Any, *, arrays: bool = True) -> bytes:
+def dumps_header(obj: Any, *, arrays: bool = True, plain: bool = False) -> bytes:
     """Serialize a JSON header: compact UTF-8 JSON.
 
     Strict JSON except ``NaN`` / ``Infinity`` / ``-Infinity`` for non-finite
     float data, the tokens tritonclient emits and Triton and binproto accept.
     An array's JSON data (from the encoder) is written a slice at a time and
     put in its place in the text; ``arrays=False`` says there is none.
+
+    ``plain`` says ``obj`` holds no float and no tensor data: only strings,
+    integers, booleans, None, lists and objects, which every JSON encoder
+    writes alike. Such a header is written by orjson when it is installed
+    (the ``fast`` extra: :data:`binproto._json.FAST_DUMPS`), the same bytes in
+    a fraction of the time; what orjson refuses (an integer past 64 bits, a
+    string that is not valid UTF-8, a key of a str subclass) is left to the
+    standard encoder, which writes it or says why not.
     """
+    fast = _json.FAST_DUMPS
+    if plain and fast is not None:
+        try:
+            return fast(obj)
+        except TypeError:
+            pass
     # Each array's place is held by a string no peer can have sent (random
     # per call), then the text around it is joined with the array's pieces.
     marks: dict[str, _ArrayData] = {}
@@ -510,8 +534,10 @@ def dumps_header(obj: Any, *, arrays: bool = True) -> bytes:
     return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
-def _body(obj: dict[str, Any], buffers: list[bytes | memoryview], arrays: bool) -> EncodedBody:
-    header = dumps_header(obj, arrays=arrays)
+def _body(
+    obj: dict[str, Any], buffers: list[bytes | memoryview], arrays: bool, plain: bool
+) -> EncodedBody:
+    header = dumps_header(obj, arrays=arrays, plain=plain)
     binary = bool(buffers)
     content_length = len(header)
     for b in buffers:
@@ -606,7 +632,7 @@ def encode_request(
     """
     prepared = _prepare_all(inputs, "input")
     choice = _binary_choice(binary, prepared, "input")
-    tensors, buffers, arrays = _place(prepared, choice, "input")
+    tensors, buffers, arrays, plain = _place(prepared, choice, "input")
     params = _message_parameters(parameters, "the request")
     if binary_data_output is not None:
         if not isinstance(binary_data_output, bool):
@@ -628,7 +654,8 @@ def encode_request(
         if len(set(names)) != len(names):
             raise _fail(f"duplicate requested output names in {names}")
         obj["outputs"] = requested
-    return _body(obj, buffers, arrays)
+        plain = plain and all(_floatless(o.get("parameters", {})) for o in requested)
+    return _body(obj, buffers, arrays, plain and _floatless(params))
 
 
 def _policy(
@@ -696,7 +723,9 @@ def encode_response(
             id = request.id
     else:
         choice = _binary_choice(binary, prepared, "output")
-    tensors, buffers, arrays = _place(prepared, choice, "output", utf8_fallback=request is not None)
+    tensors, buffers, arrays, plain = _place(
+        prepared, choice, "output", utf8_fallback=request is not None
+    )
     if not isinstance(model_name, str):
         raise _fail("model_name must be a string")
     obj: dict[str, Any] = {"model_name": model_name}
@@ -706,4 +735,4 @@ def encode_response(
     if params:
         obj["parameters"] = params
     obj["outputs"] = tensors
-    return _body(obj, buffers, arrays)
+    return _body(obj, buffers, arrays, plain and _floatless(params))

@@ -13,7 +13,7 @@ import numpy as np
 from ._datatypes import DataType
 from ._errors import RemoteProtocolError
 
-__all__ = ["json_data_to_array", "loads_header", "refuse_repeated_keys"]
+__all__ = ["FAST_DUMPS", "FAST_LOADS", "json_data_to_array", "loads_header", "refuse_repeated_keys"]
 
 # A JSON string token, unrolled so long strings do not backtrack.
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
@@ -110,6 +110,21 @@ def _fast_loads() -> Callable[[bytes], Any] | None:
 #: :func:`loads_header` takes its result only where it is the standard
 #: parser's; anything it refuses goes to the standard parser, which decides.
 FAST_LOADS = _fast_loads()
+
+
+def _fast_dumps() -> Callable[[Any], bytes] | None:
+    try:
+        import orjson
+    except ImportError:
+        return None
+    return orjson.dumps
+
+
+#: ``orjson.dumps`` when orjson is installed (the ``fast`` extra), else None.
+#: The encoder gives it only headers that hold no float and no tensor data
+#: (see ``dumps_header``), which it writes byte for byte as the standard
+#: encoder does; anything it refuses goes to the standard encoder.
+FAST_DUMPS = _fast_dumps()
 
 #: Deepest nesting limit under which orjson parses: orjson takes up to 1024
 #: levels, while the standard parser runs out of Python stack near 1000 (a

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import binproto
 from binproto import LocalProtocolError, RequestedOutput, Tensor
+from binproto._encode import dumps_header
 
 from .helpers import arrays_equal, assert_same_everywhere, run, split
 
@@ -767,3 +768,109 @@ def test_fp32_json_data_is_the_shortest_text_that_reads_back_the_same() -> None:
     # Read as doubles by any JSON parser, the values narrow back to the same bits.
     data = json.loads(text)["outputs"][0]["data"]
     assert np.array(data, dtype=np.float64).astype(dtype).tobytes() == values.tobytes()
+
+
+# -- orjson (the fast extra) writes plain headers: the same bytes ----------------------
+
+
+# What a plain header may hold: no float, no tensor data. Strings cover
+# surrogates (which no encoder writes), integers go past 64 bits (which
+# orjson refuses), keys include a str subclass (which orjson refuses).
+class _Key(str):
+    pass
+
+
+_PLAIN_LEAVES = (
+    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70) | st.text()
+)
+_PLAIN_KEYS = st.text(max_size=8) | st.text(max_size=8).map(_Key)
+_PLAIN = st.recursive(
+    _PLAIN_LEAVES,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_PLAIN_KEYS, inner, max_size=4),
+    max_leaves=20,
+)
+
+
+def _dumps_with(fast: Any, obj: Any) -> tuple[str, Any]:
+    saved = binproto._json.FAST_DUMPS
+    binproto._json.FAST_DUMPS = fast
+    try:
+        return ("ok", dumps_header(obj, arrays=False, plain=True))
+    except LocalProtocolError as exc:
+        return ("error", str(exc))
+    finally:
+        binproto._json.FAST_DUMPS = saved
+
+
+@settings(max_examples=300, deadline=None)
+@given(_PLAIN)
+def test_plain_headers_come_out_the_same_with_orjson_or_without(obj: Any) -> None:
+    orjson = pytest.importorskip("orjson")
+    assert _dumps_with(orjson.dumps, obj) == _dumps_with(None, obj)
+
+
+def _spy() -> tuple[list[Any], Any]:
+    orjson = pytest.importorskip("orjson")
+    written: list[Any] = []
+
+    def spy(obj: Any) -> bytes:
+        written.append(obj)
+        out: bytes = orjson.dumps(obj)
+        return out
+
+    return written, spy
+
+
+@pytest.mark.parametrize(
+    ("encode", "plain"),
+    [
+        # Binary tensors, integer, string and bool parameters: plain.
+        (lambda: binproto.encode_response({"y": np.ones(3, np.float32)}, model_name="m"), True),
+        (
+            lambda: binproto.encode_request(
+                {"x": np.ones(2, np.int64)},
+                parameters={"a": 1, "b": "s", "c": True},
+                outputs=[RequestedOutput("y", True, {"n": 2})],
+            ),
+            True,
+        ),
+        # A float anywhere (orjson writes 1e-07 as 1e-7), or JSON data: not plain.
+        (
+            lambda: binproto.encode_response(
+                {"y": np.ones(3, np.float32)}, model_name="m", parameters={"t": 1e-7}
+            ),
+            False,
+        ),
+        (
+            lambda: binproto.encode_response(
+                {"y": Tensor("y", np.ones(3, np.float32), parameters={"scale": 0.5})},
+                model_name="m",
+            ),
+            False,
+        ),
+        (
+            lambda: binproto.encode_request(
+                {"x": np.ones(2, np.int64)}, outputs=[RequestedOutput("y", None, {"k": 0.1})]
+            ),
+            False,
+        ),
+        (lambda: binproto.encode_request({"x": [1, 2]}), False),
+        (lambda: binproto.encode_request({"x": np.ones(2, np.int64)}, binary=False), False),
+        (lambda: binproto.encode_request({"x": [b"a"]}, binary=False), False),
+    ],
+)
+def test_orjson_writes_only_plain_headers_and_the_same_bytes(encode: Any, plain: bool) -> None:
+    written, spy = _spy()
+    saved = binproto._json.FAST_DUMPS
+    binproto._json.FAST_DUMPS = spy
+    try:
+        fast = encode()
+    finally:
+        binproto._json.FAST_DUMPS = None
+    try:
+        standard = encode()
+    finally:
+        binproto._json.FAST_DUMPS = saved
+    assert len(written) == (1 if plain else 0)
+    assert fast.json == standard.json
+    assert bytes(fast) == bytes(standard)
