@@ -28,6 +28,7 @@ from binproto import (
     LocalProtocolError,
     RemoteProtocolError,
     RequestedOutput,
+    body_claims,
 )
 from binproto._assemble import Destinations
 from binproto._compression import normalize_encoding
@@ -37,7 +38,7 @@ from ._server import BodyReader, ByteStream, MessageBody, write_compressed
 from .h11 import (
     HTTPError,
     error_message,
-    parser_for,
+    fields_of,
     remote_error,
     request_for,
     send_body,
@@ -269,11 +270,13 @@ class ClientCore:
                 self._next_cycle(conn)
                 ok = True
                 raise error_message(response.status_code, data)
-            parser = parser_for(response, limits=self._limits)
+            claims = body_claims(fields_of(response))
             reader = BodyReader(
-                stream, conn, parser.content_length, receive_in_place=self._zero_copy
+                stream, conn, claims.content_length, receive_in_place=self._zero_copy
             )
-            result = ResponseStream(response, MessageBody(parser, reader))
+            result = ResponseStream(
+                response, MessageBody("response", claims, reader, limits=self._limits)
+            )
             yield result
             ok = result.body.complete and not reader.direct
             if ok:

@@ -47,12 +47,14 @@ import numpy as np
 import binproto
 from binproto import (
     NEED_DATA,
+    BodyClaims,
     BodyWriter,
     EncodedBody,
     Event,
     HeaderFields,
     HeaderParsed,
     InferenceHeader,
+    Kind,
     Limits,
     LocalProtocolError,
     MessageComplete,
@@ -63,9 +65,11 @@ from binproto import (
     Tensor,
     TensorAssembler,
     TensorChunk,
+    body_claims,
 )
 from binproto._assemble import Destinations
 from binproto._compression import GZIP_AHEAD, check_gzip_size
+from binproto._parser import DEFAULT_LIMITS
 from binproto._util import aligned_arrays, aligned_copy
 
 from .h11 import (
@@ -76,7 +80,6 @@ from .h11 import (
     has_both_lengths,
     header_rest,
     json_response,
-    parser_for,
     receive_target,
     remote_error,
     response_for,
@@ -508,14 +511,32 @@ class MessageBody:
     """The events of one message body, read from the stream on demand.
 
     Used for request bodies on the server and response bodies on the client.
-    ``header`` is set once HeaderParsed has been returned.
+    ``kind`` says which; ``claims`` are what the message's head says of its
+    body (:func:`binproto.body_claims`); ``limits`` and ``strict_bool`` are
+    the parser's. ``header`` is set once HeaderParsed has been returned.
+
+    A small body that is all received with its head is decoded whole
+    (:data:`WHOLE_BODY`), with no parser; :attr:`parser` is built when events
+    are asked for.
     """
 
-    def __init__(self, parser: Parser, reader: BodyReader) -> None:
-        self.parser = parser
+    def __init__(
+        self,
+        kind: Kind,
+        claims: BodyClaims,
+        reader: BodyReader,
+        *,
+        limits: Limits | None = None,
+        strict_bool: bool = True,
+    ) -> None:
+        self.kind: Kind = kind
+        self.claims = claims
+        self.limits = limits if limits is not None else DEFAULT_LIMITS
+        self.strict_bool = strict_bool
+        self._parser: Parser | None = None
         self._reader = reader
         # A compressed body expands on the event loop: yield now and then.
-        compressed = parser.content_encoding is not None
+        compressed = claims.content_encoding is not None
         self._checkpoint = reader.checkpoint if compressed else None
         self._unyielded = 0  # decompressed tensor bytes handed out since the last yield
         self.header: InferenceHeader | None = None
@@ -526,7 +547,8 @@ class MessageBody:
         #: copied); None when the body was decoded whole (see WHOLE_BODY).
         self.assembler: TensorAssembler | None = None
         # The length of a JSON header big enough to parse off the event loop.
-        length = parser.header_length if parser.header_length is not None else parser.content_length
+        hl = claims.header_length
+        length = hl if hl is not None else claims.content_length
         big = reader.to_thread is not None and not compressed and (length or 0) >= THREAD_HEADER
         self._big_header = length if big else None
         #: True when the JSON header was parsed in a worker thread (it was big).
@@ -535,10 +557,7 @@ class MessageBody:
         # gzip trailer then tells its decompressed size before it is inflated.
         remaining = reader.remaining
         self._ahead = (
-            compressed
-            and parser.header_length is not None
-            and remaining is not None
-            and remaining <= GZIP_AHEAD
+            compressed and hl is not None and remaining is not None and remaining <= GZIP_AHEAD
         )
         self._start = b""  # the first and last bytes of a body read ahead
         self._end = b""
@@ -549,6 +568,27 @@ class MessageBody:
         self._whole: memoryview | None = None
         self._decoded: dict[str, np.ndarray[Any, Any]] | None = None
         self._taken_whole = False
+
+    @property
+    def parser(self) -> Parser:
+        """The body's parser, built the first time it is asked for."""
+        if self._parser is None:
+            claims = self.claims
+            self._parser = Parser(
+                self.kind,
+                header_length=claims.header_length,
+                content_length=claims.content_length,
+                limits=self.limits,
+                strict_bool=self.strict_bool,
+                content_encoding=claims.content_encoding,
+            )
+        return self._parser
+
+    @property
+    def failed(self) -> bool:
+        """True when parsing the body found a fault."""
+        parser = self._parser
+        return parser is not None and parser.state is binproto.ParserState.ERROR
 
     async def _next_in_thread(self) -> Event | NeedData:
         """``parser.next_event()`` in a worker thread: the call that parses a
@@ -565,7 +605,10 @@ class MessageBody:
     def complete(self) -> bool:
         """True once MessageComplete has been returned, or a body decoded
         whole was taken whole (by :meth:`tensors` or :meth:`drain`)."""
-        return self._taken_whole or self.parser.state is binproto.ParserState.DONE
+        parser = self._parser
+        return self._taken_whole or (
+            parser is not None and parser.state is binproto.ParserState.DONE
+        )
 
     def _take_whole(self) -> None:
         """A body decoded whole is taken whole: no events are left."""
@@ -575,20 +618,16 @@ class MessageBody:
     def _decode_whole(self) -> None:
         """Decode a small body that is all here at once, whole: the parser's
         own checks (in :func:`binproto.decode_request`), without its events."""
-        parser = self.parser
-        if parser.content_encoding is not None or parser.header_length == 0:
+        claims = self.claims
+        hl = claims.header_length
+        if claims.content_encoding is not None or hl == 0:
             return  # compressed, or raw: the parser's own path
-        body = self._reader.take_whole(WHOLE_BODY, parser.header_length or 0)
+        body = self._reader.take_whole(WHOLE_BODY, hl or 0)
         if body is None:
             return
         self._fed = len(body)
-        decode = binproto.decode_request if parser.kind == "request" else binproto.decode_response
-        decoded = decode(
-            body,
-            header_length=parser.header_length,
-            limits=parser.limits,
-            strict_bool=parser.strict_bool,
-        )
+        decode = binproto.decode_request if self.kind == "request" else binproto.decode_response
+        decoded = decode(body, header_length=hl, limits=self.limits, strict_bool=self.strict_bool)
         self.header = decoded.header
         self._whole = body
         self._decoded = aligned_arrays(decoded.tensors)
@@ -655,7 +694,7 @@ class MessageBody:
     def _check_gzip_size(self, header: InferenceHeader) -> None:
         """Refuse a gzip body (read whole) whose trailer is not what the
         header claims, before inflating its tensors (see check_gzip_size)."""
-        hl = self.parser.header_length
+        hl = self.claims.header_length
         if hl is not None:
             check_gzip_size(self._start, self._end, hl + header.binary_size, hl)
 
@@ -1242,7 +1281,7 @@ class V2Server:
         self, req: h11.Request, fields: HeaderFields, r: Route, reader: BodyReader
     ) -> tuple[MessageBody, Any]:
         model = self._model(r)
-        body = MessageBody(parser_for(req, limits=self.limits, fields=fields), reader)
+        body = MessageBody("request", body_claims(fields), reader, limits=self.limits)
         header = await body.read_header()
         shared = [t.name for t in header.tensors if t.shared_memory]
         if shared:
@@ -1254,7 +1293,7 @@ class V2Server:
             remaining = reader.remaining
             if (
                 not body.complete
-                and body.parser.state is not binproto.ParserState.ERROR
+                and not body.failed
                 and remaining is not None
                 and remaining <= DISCARD_LIMIT
             ):

@@ -222,14 +222,9 @@ def test_a_compressed_body_from_one_read_lets_other_tasks_run(how: str) -> None:
                 ticks += 1
                 await asyncio.sleep(0)
 
-        parser = binproto.Parser(
-            "request",
-            header_length=plain.header_length,
-            content_length=len(wire),
-            content_encoding="gzip",
-        )
+        claims = binproto.BodyClaims(len(wire), "gzip", plain.header_length)
         body = MessageBody(
-            parser, BodyReader(OneRead(wire), conn, len(wire), receive_in_place=False)
+            "request", claims, BodyReader(OneRead(wire), conn, len(wire), receive_in_place=False)
         )
         task = asyncio.ensure_future(ticker())
         await asyncio.sleep(0)

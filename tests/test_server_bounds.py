@@ -250,10 +250,9 @@ def test_a_big_json_header_is_parsed_in_a_worker_thread(
     stream = Threaded(wire)
 
     async def main() -> dict[str, Any]:
-        parser = binproto.Parser(
-            "request", header_length=body.header_length, content_length=len(wire)
-        )
-        message = MessageBody(parser, BodyReader(stream, conn, len(wire), receive_in_place=False))
+        claims = binproto.BodyClaims(len(wire), None, body.header_length)
+        reader = BodyReader(stream, conn, len(wire), receive_in_place=False)
+        message = MessageBody("request", claims, reader)
         assert not message.header_in_thread
         if how == "tensors":
             got = await message.tensors()

@@ -43,8 +43,10 @@ def message(wire: bytes, header_length: int | None, *, with_head: bool) -> Messa
     conn.receive_data(head % len(wire) + (wire if with_head else b""))
     assert isinstance(conn.next_event(), h11.Request)
     stream = Pieces(b"" if with_head else wire)
-    parser = binproto.Parser("request", header_length=header_length, content_length=len(wire))
-    return MessageBody(parser, BodyReader(stream, conn, len(wire), receive_in_place=False))
+    claims = binproto.BodyClaims(len(wire), None, header_length)
+    return MessageBody(
+        "request", claims, BodyReader(stream, conn, len(wire), receive_in_place=False)
+    )
 
 
 def request(nbytes: int = 4096) -> tuple[bytes, int | None, dict[str, Any]]:
@@ -79,6 +81,35 @@ def test_a_small_body_here_whole_is_decoded_whole() -> None:
         assert whole_tensors[name].dtype == piece_tensors[name].dtype
     assert whole_tensors["x"].flags.writeable  # memory of its own, as the assembler's
     whole_tensors["x"][0] = 7.0
+
+
+def test_a_body_decoded_whole_builds_no_parser(monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[str] = []
+
+    class Spy(binproto.Parser):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            built.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr("binproto.adapters._server.Parser", Spy)
+    wire, hl, _ = request()
+
+    async def main(with_head: bool, events: bool) -> MessageBody:
+        body = message(wire, hl, with_head=with_head)
+        await body.read_header()
+        if events:
+            await _all_events(body, until_complete=False)
+        else:
+            await body.tensors()
+        assert body.complete and not body.failed
+        return body
+
+    asyncio.run(main(with_head=True, events=False))
+    assert built == []  # decoded whole, taken whole: no parser
+    asyncio.run(main(with_head=True, events=True))
+    assert built == ["request"]  # its events are the parser's
+    asyncio.run(main(with_head=False, events=False))
+    assert built == ["request", "request"]  # in pieces: through the parser
 
 
 def test_a_body_over_the_bound_or_in_pieces_goes_through_the_parser() -> None:
