@@ -151,7 +151,8 @@ def check_parameters(params: Any, where: str) -> dict[str, Any]:
         return {}
     if not isinstance(params, Mapping):
         raise _fail(f"parameters of {where} must be a mapping, got {type(params).__name__}")
-    for key, value in params.items():
+    checked = dict(params)  # what is checked is what is sent
+    for key, value in checked.items():
         if not isinstance(key, str):
             raise _fail(f"parameter names of {where} must be strings, got {key!r}")
         if type(value) not in (str, int, float, bool):
@@ -161,7 +162,7 @@ def check_parameters(params: Any, where: str) -> dict[str, Any]:
             )
         if type(value) is float and not math.isfinite(value):
             raise _fail(f"parameter '{key}' of {where} is {value}, which JSON cannot carry")
-    return dict(params)
+    return checked
 
 
 def _nested(data: Sequence[Any], label: str) -> tuple[list[int], list[Any]]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import binproto
@@ -780,10 +780,11 @@ class _Key(str):
     pass
 
 
-_PLAIN_LEAVES = (
-    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70) | st.text()
-)
-_PLAIN_KEYS = st.text(max_size=8) | st.text(max_size=8).map(_Key)
+# Every code point, surrogates included (st.text() leaves them out).
+_TEXT = st.text(alphabet=st.characters(exclude_categories=()))
+_PLAIN_LEAVES = st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70) | _TEXT
+_KEY_TEXT = st.text(alphabet=st.characters(exclude_categories=()), max_size=8)
+_PLAIN_KEYS = _KEY_TEXT | _KEY_TEXT.map(_Key)
 _PLAIN = st.recursive(
     _PLAIN_LEAVES,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_PLAIN_KEYS, inner, max_size=4),
@@ -804,6 +805,11 @@ def _dumps_with(fast: Any, obj: Any) -> tuple[str, Any]:
 
 @settings(max_examples=300, deadline=None)
 @given(_PLAIN)
+# What orjson refuses, each at least once: the standard encoder decides.
+@example({"id": "a\ud800b"})
+@example({"\udc00": 1})
+@example({_Key("k"): "v"})
+@example({"n": [2**64, -(2**63) - 1]})
 def test_plain_headers_come_out_the_same_with_orjson_or_without(obj: Any) -> None:
     orjson = pytest.importorskip("orjson")
     assert _dumps_with(orjson.dumps, obj) == _dumps_with(None, obj)
@@ -874,3 +880,16 @@ def test_orjson_writes_only_plain_headers_and_the_same_bytes(encode: Any, plain:
     assert len(written) == (1 if plain else 0)
     assert fast.json == standard.json
     assert bytes(fast) == bytes(standard)
+
+
+def test_parameters_are_checked_as_they_are_sent() -> None:
+    class Lying(dict):  # type: ignore[type-arg]
+        """A mapping whose items() hides what a copy of it holds."""
+
+        def items(self) -> Any:
+            return [("x", 1)]
+
+    with pytest.raises(LocalProtocolError, match="parameter 'x'"):
+        binproto.encode_request(
+            {"a": np.zeros(1, np.float32)}, parameters=Lying(x=[1e16, float("nan")])
+        )
