@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import statistics
 import struct
 from collections.abc import Callable
@@ -336,6 +337,56 @@ def many_body(count: int, nbytes: int) -> tuple[bytes, int]:
     return header + data, len(header)
 
 
+def least_decode(body: bytes, hl: int) -> dict[str, np.ndarray[Any, Any]]:
+    """A sketch of the least a decoder that checks a response of FP32 outputs
+    must do in CPython, as a floor for the many-tensor rows (not binproto's
+    code: it knows only this benchmark's bodies). orjson parses the header;
+    the scans binproto makes of the raw header that orjson does not (nesting
+    depth, integers past 64 bits, repeated keys) run as binproto runs them;
+    each output's name (a string, new), datatype, shape (non-negative
+    integers) and binary_data_size (the shape's bytes) are checked, a plain
+    tuple stands for its record, and an array is made over its bytes."""
+    from binproto._json import (
+        _DIGITS_ONLY,
+        _LONG_DIGIT_RUN,
+        FAST_LOADS,
+        _max_depth,
+        refuse_repeated_keys,
+    )
+
+    assert FAST_LOADS is not None  # orjson
+    raw = body[:hl]
+    if raw.count(b"[") + raw.count(b"{") > 100 and _max_depth(raw, 100) > 100:
+        raise ValueError("too deep")
+    if _LONG_DIGIT_RUN in raw.translate(_DIGITS_ONLY):
+        raise ValueError("an integer past 64 bits")
+    obj = FAST_LOADS(raw)
+    outputs = obj["outputs"]
+    refuse_repeated_keys(raw, len(obj) + sum(len(t) + len(t["parameters"]) for t in outputs))
+    fp32 = np.dtype("<f4")
+    seen: set[str] = set()
+    records = []
+    tensors: dict[str, np.ndarray[Any, Any]] = {}
+    offset = hl
+    for index, t in enumerate(outputs):
+        name = t["name"]
+        if type(name) is not str or name in seen or t["datatype"] != "FP32":
+            raise ValueError(name)
+        seen.add(name)
+        shape = t["shape"]
+        if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
+            raise ValueError(shape)
+        size = t["parameters"]["binary_data_size"]
+        if type(size) is not int or size != 4 * math.prod(shape):
+            raise ValueError(size)
+        records.append((index, name, "FP32", tuple(shape), size))  # what a decoder hands out
+        tensors[name] = np.ndarray(tuple(shape), fp32, body, offset)
+        offset += size
+    if offset != len(body):
+        raise ValueError(offset)
+    return tensors
+
+
 def small_rows(bytes_count: int, many: int, many_size: int, repeats: int) -> list[Row]:
     """BYTES of many short elements, and many small tensors, vs tritonclient."""
     client = _tritonclient()
@@ -392,9 +443,21 @@ def small_rows(bytes_count: int, many: int, many_size: int, repeats: int) -> lis
             for n in names:
                 r.as_numpy(n)
 
+    def least_many() -> None:
+        for _ in range(inner):
+            t = least_decode(body, hl)
+            for n in names:
+                t[n]
+
     work = f"decode {many} FP32 tensors of {_size(many_size)}"
     if client is not None:
-        times = interleave({"binproto": ours_many, "tritonclient": theirs_many}, repeats)
+        cases = {"binproto": ours_many, "tritonclient": theirs_many}
+        if binproto._json.FAST_LOADS is not None:
+            least = least_decode(body, hl)
+            ours = binproto.decode_response(body, header_length=hl).tensors
+            assert all(np.array_equal(least[n], ours[n]) for n in names)
+            cases["least"] = least_many
+        times = interleave(cases, repeats)
         rows.append(
             row(
                 work,
@@ -416,6 +479,19 @@ def small_rows(bytes_count: int, many: int, many_size: int, repeats: int) -> lis
                 min_ratio=2.0,
             )
         )
+        if "least" in times:
+            # What CPython allows a decoder that checks this body at all.
+            rows.append(
+                row(
+                    work,
+                    "least checking decode (sketch: bench_parser.least_decode)",
+                    times["least"],
+                    nbytes=len(body) - hl,
+                    per=inner,
+                    baseline="tritonclient",
+                    baseline_samples=times["tritonclient"],
+                )
+            )
     return rows
 
 
