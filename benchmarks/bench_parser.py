@@ -501,6 +501,21 @@ def small_request() -> tuple[bytes, int]:
     return bytes(body), body.header_length
 
 
+def _without_orjson(name: str, work: Callable[[], None]) -> Callable[[], None]:
+    """``work`` with ``binproto._json.<name>`` (orjson's) set aside: what runs
+    without the fast extra."""
+
+    def run() -> None:
+        fast = getattr(binproto._json, name)
+        setattr(binproto._json, name, None)
+        try:
+            work()
+        finally:
+            setattr(binproto._json, name, fast)
+
+    return run
+
+
 def request_rows(repeats: int) -> list[Row]:
     """Decoding one 4 KiB request, against ``json.loads`` of its header alone
     (the share no decoder of this body can avoid)."""
@@ -518,15 +533,6 @@ def request_rows(repeats: int) -> list[Row]:
         for _ in range(inner):
             binproto.decode_request(body, header_length=hl).tensors["input0"]
 
-    def decode_standard_json() -> None:
-        # The same decode with orjson set aside (what runs without the fast extra).
-        fast = binproto._json.FAST_LOADS
-        binproto._json.FAST_LOADS = None
-        try:
-            decode()
-        finally:
-            binproto._json.FAST_LOADS = fast
-
     def stream() -> None:
         for _ in range(inner):
             p = binproto.Parser("request", header_length=hl, content_length=total)
@@ -538,7 +544,7 @@ def request_rows(repeats: int) -> list[Row]:
 
     cases = {"json": json_only, "decode": decode, "stream": stream}
     if binproto._json.FAST_LOADS is not None:
-        cases["decode-json"] = decode_standard_json
+        cases["decode-json"] = _without_orjson("FAST_LOADS", decode)
     times = interleave(cases, repeats + 2)
     work = f"one 4 KiB FP32 request ({hl}-byte header), per request"
     rows = [row(work, "json.loads of the header alone", times["json"], per=inner)]
@@ -576,6 +582,55 @@ def request_rows(repeats: int) -> list[Row]:
     return rows
 
 
+def response_rows(repeats: int) -> list[Row]:
+    """Encoding the echo response of that request, against ``json.dumps`` of
+    its header alone, and without orjson (what the ``fast`` extra gives)."""
+    body, hl = small_request()
+    request = binproto.decode_request(body, header_length=hl)
+    tensors, header = request.tensors, request.header
+    obj = json.loads(binproto.encode_response(tensors, model_name="echo", request=header).json)
+    inner = pick(mode(False), full=2000, quick=1000, tiny=2)
+    dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+    def json_only() -> None:
+        for _ in range(inner):
+            dumps(obj)
+
+    def encode() -> None:
+        for _ in range(inner):
+            binproto.encode_response(tensors, model_name="echo", request=header)
+
+    cases = {"json": json_only, "encode": encode}
+    if binproto._json.FAST_DUMPS is not None:
+        cases["encode-json"] = _without_orjson("FAST_DUMPS", encode)
+    times = interleave(cases, repeats + 2)
+    work = "the echo response of that request, per response"
+    rows = [
+        row(work, "json.dumps of the header alone", times["json"], per=inner),
+        row(
+            work,
+            "binproto.encode_response",
+            times["encode"],
+            per=inner,
+            baseline="json.dumps of the header",
+            baseline_samples=times["json"],
+        ),
+    ]
+    if "encode-json" in times:
+        # What orjson (the fast extra) gives encode_response: this row, without it.
+        rows.append(
+            row(
+                work,
+                "binproto.encode_response, standard json encoder",
+                times["encode-json"],
+                per=inner,
+                baseline="binproto.encode_response",
+                baseline_samples=times["encode"],
+            )
+        )
+    return rows
+
+
 def _size(n: int) -> str:
     for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
         if n >= scale and n % scale == 0:
@@ -589,6 +644,7 @@ def run(quick: bool) -> list[Row]:
     repeats = pick(m, full=7, quick=3, tiny=1)
     rows = stream_rows(pick(m, full=1 * GiB, quick=256 * MiB, tiny=256 * KiB), repeats)
     rows += request_rows(repeats)
+    rows += response_rows(repeats)
     rows += decode_rows(
         pick(
             m,
