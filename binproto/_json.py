@@ -224,9 +224,11 @@ def loads_header(raw: bytes, *, max_depth: int, kind: str = "request") -> Any:
     :data:`FAST_MAX_DEPTH`, whose result is the standard parser's
     (:data:`FAST_LOADS`); the result, and every error, are the same either way.
     """
-    # Count openers cheaply first (strings' brackets too, so never fewer than
-    # the nesting): only a header with many brackets needs a scan.
-    if raw.count(b"[") + raw.count(b"{") > max_depth:
+    # Each level of nesting takes two bytes (an opener and its closer), so a
+    # header of at most twice the limit cannot pass it. Else count openers
+    # cheaply (strings' brackets too, so never fewer than the nesting): only
+    # a header with many brackets needs a scan.
+    if len(raw) > 2 * max_depth and raw.count(b"[") + raw.count(b"{") > max_depth:
         depth = _max_depth(raw, max_depth)
         if depth > max_depth:
             raise RemoteProtocolError(

@@ -352,3 +352,21 @@ def test_orjson_parses_the_header_when_installed() -> None:
     finally:
         binproto._json.FAST_LOADS = orjson.loads
     assert parsed == [body[:hl]] and header.id == long_id
+
+
+@pytest.mark.parametrize("max_depth", [0, 1, 5, 100])
+@pytest.mark.parametrize("wrap", ["[]", "{}"])
+def test_the_shortest_header_past_the_depth_limit_is_refused(max_depth: int, wrap: str) -> None:
+    # Nesting d deep takes 2d bytes at least: a header of 2 x max_depth bytes
+    # is never scanned, and the shortest one a level deeper is refused.
+    opener, closer = wrap.encode()[:1], wrap.encode()[1:]
+    if wrap == "{}":  # an object needs a key and a value at each level
+        at_limit = b'{"a":' * max_depth + b"1" + b"}" * max_depth
+        past = b'{"a":' * (max_depth + 1) + b"1" + b"}" * (max_depth + 1)
+    else:
+        at_limit = opener * max_depth + closer * max_depth
+        past = opener * (max_depth + 1) + closer * (max_depth + 1)
+    if max_depth:
+        loads_header(at_limit, max_depth=max_depth)
+    with pytest.raises(RemoteProtocolError, match="nesting"):
+        loads_header(past, max_depth=max_depth)
