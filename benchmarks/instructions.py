@@ -8,10 +8,14 @@ streaming loops run over ``--chunks`` chunks (the same 64 KiB buffer stands
 for every chunk of one large tensor: the parser never reads tensor bytes);
 the decode loops decode the same 64 x 4 KiB response body ``--decodes`` times
 (binproto, tritonclient, and ``json.loads`` of its header alone, the share
-neither library can avoid)::
+neither library can avoid); the request loops answer the throughput
+benchmark's 4 KiB echo request ``--requests`` times, with no I/O: the codec
+alone (``decode_request`` + ``encode_response``), the reference server
+(``V2Server.serve_connection`` over a stream whose peer is always ready: h11,
+the server's layers and the codec) and the README's ASGI echo app::
 
     python -m benchmarks.instructions            # all of them
-    python -m benchmarks.instructions --chunks 50000 --decodes 200
+    python -m benchmarks.instructions --chunks 50000 --decodes 200 --requests 1000
 
 Needs valgrind (Debian's ``valgrind`` package).
 """
@@ -25,6 +29,8 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Coroutine
+from typing import Any
 
 import numpy as np
 
@@ -49,6 +55,9 @@ def loop(mode: str, count: int) -> None:
     :data:`DECODE_MODES`."""
     if mode in DECODE_MODES:
         decode_loop(mode, count)
+        return
+    if mode in REQUEST_MODES:
+        request_loop(mode, count)
         return
     chunks, hl, total = _chunks(count)
     if mode == "empty":
@@ -107,6 +116,96 @@ def decode_loop(mode: str, count: int) -> None:
         run()
 
 
+REQUEST_MODES = ("request-empty", "request-codec", "request-serve", "request-asgi")
+
+
+class _Ready:
+    """A byte stream whose peer is always ready: the same request each read,
+    ``count`` times, then the end; writes are taken and dropped."""
+
+    timeout: float | None = None
+
+    def __init__(self, request: bytes, count: int) -> None:
+        self.request = request
+        self.left = count
+        self.written = 0
+
+    async def receive_some(self, max_bytes: int) -> bytes:
+        if not self.left:
+            return b""
+        self.left -= 1
+        return self.request
+
+    async def send_all(self, buffers: object) -> None:
+        self.written += 1
+
+    async def aclose(self) -> None:
+        pass
+
+
+def _run_now(coroutine: Coroutine[Any, Any, None]) -> None:
+    """Run a coroutine that never waits, without an event loop."""
+    try:
+        coroutine.send(None)
+    except StopIteration:
+        return
+    raise RuntimeError("the coroutine waited")
+
+
+def request_loop(mode: str, count: int) -> None:
+    """The 4 KiB FP32 echo request ``count`` times (``request-empty``: set up
+    only): the codec alone, through ``V2Server.serve_connection`` (h11, the
+    server's layers, the codec), or through the README's ASGI echo app; no
+    I/O, no event loop."""
+    from binproto.adapters._server import V2Server
+
+    from .bench_parser import small_request
+    from .floor_servers import binproto_asgi_app
+
+    body, hl = small_request()
+    head = (
+        b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/octet-stream\r\n"
+        b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
+    ) % (hl, len(body))
+    headers = [
+        (b"host", b"127.0.0.1"),
+        (b"content-type", b"application/octet-stream"),
+        (b"inference-header-content-length", b"%d" % hl),
+        (b"content-length", b"%d" % len(body)),
+    ]
+    scope = {"type": "http", "method": "POST", "path": "/v2/models/echo/infer", "headers": headers}
+    message = {"type": "http.request", "body": body, "more_body": False}
+
+    async def receive() -> dict[str, object]:
+        return message
+
+    async def send(_message: object) -> None:
+        pass
+
+    def codec(n: int) -> None:
+        for _ in range(n):
+            decoded = binproto.decode_request(body, header_length=hl)
+            binproto.encode_response(decoded.tensors, model_name="echo", request=decoded.header)
+
+    def serve(n: int) -> None:
+        stream = _Ready(head + body, n)
+        _run_now(V2Server().serve_connection(stream))
+        assert stream.written == n
+
+    def asgi(n: int) -> None:
+        for _ in range(n):
+            _run_now(binproto_asgi_app(scope, receive, send))
+
+    def nothing(n: int) -> None:
+        pass
+
+    run = {"request-empty": nothing, "request-codec": codec, "request-serve": serve,
+           "request-asgi": asgi}[mode]  # fmt: skip
+    run(1)  # first-call work (lazy imports, caches) stays out of the count
+    run(count)
+
+
 def count_instructions(mode: str, count: int) -> int:
     """Instructions the whole interpreter ran for ``loop(mode, count)``."""
     cmd = [
@@ -126,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.instructions")
     ap.add_argument("--chunks", type=int, default=200_000, help="chunks per streaming loop")
     ap.add_argument("--decodes", type=int, default=500, help="decodes per decode loop")
+    ap.add_argument("--requests", type=int, default=2000, help="requests per request loop")
     ap.add_argument("--run", help=argparse.SUPPRESS)  # one loop, inside valgrind
     ap.add_argument("--count", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -146,6 +246,13 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"decode 64 x 4 KiB: binproto {ours:,.0f} instructions, tritonclient {theirs:,.0f}"
         f" ({theirs / ours:.2f}x); json.loads of the header alone {header:,.0f}"
+    )
+    n = args.requests
+    empty = count_instructions("request-empty", n)
+    codec, serve, asgi = ((count_instructions(m, n) - empty) / n for m in REQUEST_MODES[1:])
+    print(
+        f"4 KiB echo request: decode_request + encode_response {codec:,.0f} instructions;"
+        f" through V2Server.serve_connection {serve:,.0f}; through the ASGI echo app {asgi:,.0f}"
     )
     return 0
 
