@@ -180,13 +180,18 @@ def request_loop(mode: str, count: int) -> None:
     async def receive() -> dict[str, object]:
         return message
 
+    sent: list[int] = [0]  # messages the ASGI app sent
+
     async def send(_message: object) -> None:
-        pass
+        sent[0] += 1
 
     def codec(n: int) -> None:
         for _ in range(n):
             decoded = binproto.decode_request(body, header_length=hl)
-            binproto.encode_response(decoded.tensors, model_name="echo", request=decoded.header)
+            out = binproto.encode_response(
+                decoded.tensors, model_name="echo", request=decoded.header
+            )
+        assert out.content_length - len(out.json) == len(body) - hl  # the tensor, echoed
 
     def serve(n: int) -> None:
         stream = _Ready(head + body, n)
@@ -194,8 +199,10 @@ def request_loop(mode: str, count: int) -> None:
         assert stream.written == n
 
     def asgi(n: int) -> None:
+        sent[0] = 0
         for _ in range(n):
             _run_now(binproto_asgi_app(scope, receive, send))
+        assert sent[0] == 2 * n  # each a response's start and its body
 
     def nothing(n: int) -> None:
         pass

@@ -179,13 +179,18 @@ def test_update_readme_replaces_only_the_marked_block(tmp_path: Path) -> None:
         "decode-binproto",
         "decode-tritonclient",
         "decode-json",
+        "request-empty",
+        "request-codec",
+        "request-serve",
+        "request-asgi",
     ],
 )
 def test_instruction_count_loops_run_their_workload(mode: str) -> None:
     from benchmarks.instructions import loop
 
     # The streaming loops assert the parser reached DONE; the decode loops
-    # look every tensor up (KeyError if one is missing). No valgrind needed.
+    # look every tensor up (KeyError if one is missing); the request loops
+    # check the echo, a response per request. No valgrind needed.
     loop(mode, 50)
 
 
