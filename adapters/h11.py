@@ -160,7 +160,7 @@ class ResponseFramer:
         and ``headers`` in the head): what ``send_message(framer,
         response_for(status, body, headers=headers), body)`` gives, without
         building h11 events for headers binproto made itself."""
-        pairs = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in (*body.headers, *headers)]
+        pairs = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in _header_list(body, headers)]
         out: list[Any] = [self.send_head(status, pairs)]
         for piece in body_pieces(body):
             out.extend(self._data(piece))
