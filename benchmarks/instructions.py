@@ -2,8 +2,11 @@
 decoding of 64 tensors of 4 KiB next to tritonclient, counted by callgrind.
 
 Times drift on a shared host; instruction counts do not. Each loop runs in
-its own interpreter under ``valgrind --tool=callgrind``, and the count of an
-empty loop of as many rounds, after the same set-up, is subtracted. The
+its own interpreter under ``valgrind --tool=callgrind``, which counts the
+whole process. The streaming loops have the count of an empty loop of as
+many rounds, after the same set-up, subtracted; the decode and request loops
+run twice, ``n`` and ``2n`` rounds, and the difference over ``n`` is one
+round's count (set-up, imports and first-call work cancel out). The
 streaming loops run over ``--chunks`` chunks (the same 64 KiB buffer stands
 for every chunk of one large tensor: the parser never reads tensor bytes);
 the decode loops decode the same 64 x 4 KiB response body ``--decodes`` times
@@ -29,7 +32,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 import numpy as np
@@ -37,7 +40,7 @@ import numpy as np
 import binproto
 
 CHUNK = 64 * 1024
-DECODE_MODES = ("decode-empty", "decode-binproto", "decode-tritonclient", "decode-json")
+DECODE_MODES = ("decode-binproto", "decode-tritonclient", "decode-json")
 
 
 def _chunks(count: int) -> tuple[list[memoryview], int, int]:
@@ -80,7 +83,7 @@ def loop(mode: str, count: int) -> None:
 
 
 def decode_loop(mode: str, count: int) -> None:
-    """Decode the 64 x 4 KiB response ``count`` times (``decode-empty``: set up only)."""
+    """Decode the 64 x 4 KiB response ``count`` times."""
     from tritonclient.http import InferenceServerClient  # imported by every mode alike
 
     from .bench_parser import many_body
@@ -102,26 +105,22 @@ def decode_loop(mode: str, count: int) -> None:
     def json_only() -> None:
         json.loads(header)
 
-    def nothing() -> None:
-        pass
-
     run = {
-        "decode-empty": nothing,
         "decode-binproto": binproto_decode,
         "decode-tritonclient": tritonclient_decode,
         "decode-json": json_only,
     }[mode]
-    run()  # first-call work (lazy imports, caches) stays out of the rounds
     for _ in range(count):
         run()
 
 
-REQUEST_MODES = ("request-empty", "request-codec", "request-serve", "request-asgi")
+REQUEST_MODES = ("request-codec", "request-serve", "request-asgi")
 
 
 class _Ready:
     """A byte stream whose peer is always ready: the same request each read,
-    ``count`` times, then the end; writes are taken and dropped."""
+    ``count`` times, then the end; writes are counted, and the last one's
+    first bytes and size kept."""
 
     timeout: float | None = None
 
@@ -129,6 +128,8 @@ class _Ready:
         self.request = request
         self.left = count
         self.written = 0
+        self.status_line = b""
+        self.size = 0
 
     async def receive_some(self, max_bytes: int) -> bytes:
         if not self.left:
@@ -136,8 +137,10 @@ class _Ready:
         self.left -= 1
         return self.request
 
-    async def send_all(self, buffers: object) -> None:
+    async def send_all(self, buffers: Sequence[Any]) -> None:
         self.written += 1
+        self.status_line = bytes(buffers[0][:13])
+        self.size = sum(len(b) for b in buffers)
 
     async def aclose(self) -> None:
         pass
@@ -153,10 +156,10 @@ def _run_now(coroutine: Coroutine[Any, Any, None]) -> None:
 
 
 def request_loop(mode: str, count: int) -> None:
-    """The 4 KiB FP32 echo request ``count`` times (``request-empty``: set up
-    only): the codec alone, through ``V2Server.serve_connection`` (h11, the
-    server's layers, the codec), or through the README's ASGI echo app; no
-    I/O, no event loop."""
+    """The 4 KiB FP32 echo request ``count`` times: the codec alone, through
+    ``V2Server.serve_connection`` (h11, the server's layers, the codec), or
+    through the README's ASGI echo app; no I/O, no event loop. Each loop
+    checks that the last request was answered with the echo."""
     from binproto.adapters._server import V2Server
 
     from .bench_parser import small_request
@@ -180,36 +183,42 @@ def request_loop(mode: str, count: int) -> None:
     async def receive() -> dict[str, object]:
         return message
 
-    sent: list[int] = [0]  # messages the ASGI app sent
+    tensor_bytes = len(body) - hl
+    sent: dict[str, Any] = {}  # the ASGI app's last response: status, body size, messages
 
-    async def send(_message: object) -> None:
-        sent[0] += 1
+    async def send(message: dict[str, Any]) -> None:
+        sent["messages"] += 1
+        if message["type"] == "http.response.start":
+            sent["status"] = message["status"]
+        else:
+            sent["size"] = len(message["body"])
 
     def codec(n: int) -> None:
+        sizes = set()
         for _ in range(n):
             decoded = binproto.decode_request(body, header_length=hl)
             out = binproto.encode_response(
                 decoded.tensors, model_name="echo", request=decoded.header
             )
-        assert out.content_length - len(out.json) == len(body) - hl  # the tensor, echoed
+            sizes.add(out.content_length - len(out.json))
+        assert sizes <= {tensor_bytes}  # the tensor, echoed
 
     def serve(n: int) -> None:
         stream = _Ready(head + body, n)
         _run_now(V2Server().serve_connection(stream))
         assert stream.written == n
+        if n:
+            assert stream.status_line == b"HTTP/1.1 200 " and stream.size > tensor_bytes
 
     def asgi(n: int) -> None:
-        sent[0] = 0
+        sent["messages"] = 0
         for _ in range(n):
             _run_now(binproto_asgi_app(scope, receive, send))
-        assert sent[0] == 2 * n  # each a response's start and its body
+        assert sent["messages"] == 2 * n  # each a response's start and its body
+        if n:
+            assert sent["status"] == 200 and sent["size"] > tensor_bytes
 
-    def nothing(n: int) -> None:
-        pass
-
-    run = {"request-empty": nothing, "request-codec": codec, "request-serve": serve,
-           "request-asgi": asgi}[mode]  # fmt: skip
-    run(1)  # first-call work (lazy imports, caches) stays out of the count
+    run = {"request-codec": codec, "request-serve": serve, "request-asgi": asgi}[mode]
     run(count)
 
 
@@ -225,6 +234,13 @@ def count_instructions(mode: str, count: int) -> int:
     if found is None:
         raise RuntimeError(f"no instruction count in valgrind's output:\n{out[-2000:]}")
     return int(found.group(1))
+
+
+def per_round(mode: str, n: int) -> float:
+    """Instructions of one round of ``mode``: its loop run ``2n`` and ``n``
+    times, the difference over ``n`` (the set-up and first-call work, run
+    by both, cancel out)."""
+    return (count_instructions(mode, 2 * n) - count_instructions(mode, n)) / n
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -246,17 +262,12 @@ def main(argv: list[str] | None = None) -> int:
     for mode in ("events", "next_event"):
         extra = count_instructions(mode, args.chunks) - empty
         print(f"{mode}: {extra / args.chunks:,.0f} instructions per chunk")
-    n = args.decodes
-    empty = count_instructions("decode-empty", n)
-    per = {mode: (count_instructions(mode, n) - empty) / n for mode in DECODE_MODES[1:]}
-    ours, theirs, header = (per[m] for m in DECODE_MODES[1:])
+    ours, theirs, header = (per_round(mode, args.decodes) for mode in DECODE_MODES)
     print(
         f"decode 64 x 4 KiB: binproto {ours:,.0f} instructions, tritonclient {theirs:,.0f}"
         f" ({theirs / ours:.2f}x); json.loads of the header alone {header:,.0f}"
     )
-    n = args.requests
-    empty = count_instructions("request-empty", n)
-    codec, serve, asgi = ((count_instructions(m, n) - empty) / n for m in REQUEST_MODES[1:])
+    codec, serve, asgi = (per_round(mode, args.requests) for mode in REQUEST_MODES)
     print(
         f"4 KiB echo request: decode_request + encode_response {codec:,.0f} instructions;"
         f" through V2Server.serve_connection {serve:,.0f}; through the ASGI echo app {asgi:,.0f}"

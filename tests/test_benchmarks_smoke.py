@@ -175,11 +175,9 @@ def test_update_readme_replaces_only_the_marked_block(tmp_path: Path) -> None:
     [
         "events",
         "next_event",
-        "decode-empty",
         "decode-binproto",
         "decode-tritonclient",
         "decode-json",
-        "request-empty",
         "request-codec",
         "request-serve",
         "request-asgi",

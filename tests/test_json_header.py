@@ -370,3 +370,12 @@ def test_the_shortest_header_past_the_depth_limit_is_refused(max_depth: int, wra
         loads_header(at_limit, max_depth=max_depth)
     with pytest.raises(RemoteProtocolError, match="nesting"):
         loads_header(past, max_depth=max_depth)
+
+
+@pytest.mark.parametrize("raw", [b"[[[[", b"{{{{", b"[[[]", b"[{[{"])
+def test_short_unbalanced_headers_are_refused_as_malformed(raw: bytes) -> None:
+    # Too short to be nested past the limit, so not scanned for depth: the
+    # JSON parser refuses them, as it refuses any other malformed header.
+    with pytest.raises(RemoteProtocolError, match="failed to parse") as err:
+        loads_header(raw, max_depth=2)
+    assert err.value.status_hint == 400 and err.value.offset is not None
