@@ -98,33 +98,26 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 _DECODER = json.JSONDecoder()
 
 
-def _fast_loads() -> Callable[[bytes], Any] | None:
+def _orjson(name: str) -> Callable[..., Any] | None:
+    """orjson's function ``name`` when orjson (the ``fast`` extra) is installed."""
     try:
         import orjson
     except ImportError:
         return None
-    return orjson.loads
+    function: Callable[..., Any] = getattr(orjson, name)
+    return function
 
 
-#: ``orjson.loads`` when orjson is installed (the ``fast`` extra), else None.
-#: :func:`loads_header` takes its result only where it is the standard
-#: parser's; anything it refuses goes to the standard parser, which decides.
-FAST_LOADS = _fast_loads()
+#: ``orjson.loads``, or None. :func:`loads_header` takes its result only where
+#: it is the standard parser's; anything it refuses goes to the standard
+#: parser, which decides.
+FAST_LOADS: Callable[[bytes], Any] | None = _orjson("loads")
 
-
-def _fast_dumps() -> Callable[[Any], bytes] | None:
-    try:
-        import orjson
-    except ImportError:
-        return None
-    return orjson.dumps
-
-
-#: ``orjson.dumps`` when orjson is installed (the ``fast`` extra), else None.
-#: The encoder gives it only headers that hold no float and no tensor data
-#: (see ``dumps_header``), which it writes byte for byte as the standard
-#: encoder does; anything it refuses goes to the standard encoder.
-FAST_DUMPS = _fast_dumps()
+#: ``orjson.dumps``, or None. The encoder gives it only headers that hold no
+#: float and no tensor data (see ``dumps_header``), which it writes byte for
+#: byte as the standard encoder does; anything it refuses goes to the
+#: standard encoder.
+FAST_DUMPS: Callable[[Any], bytes] | None = _orjson("dumps")
 
 #: Deepest nesting limit under which orjson parses: orjson takes up to 1024
 #: levels, while the standard parser runs out of Python stack near 1000 (a
