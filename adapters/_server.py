@@ -69,7 +69,6 @@ from binproto import (
 )
 from binproto._assemble import Destinations
 from binproto._compression import GZIP_AHEAD, check_gzip_size
-from binproto._parser import DEFAULT_LIMITS
 from binproto._util import aligned_arrays, aligned_copy
 
 from .h11 import (
@@ -531,7 +530,7 @@ class MessageBody:
     ) -> None:
         self.kind: Kind = kind
         self.claims = claims
-        self.limits = limits if limits is not None else DEFAULT_LIMITS
+        self.limits = limits  # None: the parser's defaults
         self.strict_bool = strict_bool
         self._parser: Parser | None = None
         self._reader = reader
