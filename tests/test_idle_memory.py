@@ -14,12 +14,33 @@ import numpy as np
 import pytest
 
 import binproto
-from binproto.adapters._server import Timeouts, V2Server
+from binproto.adapters._server import ByteStream, Timeouts, V2Server
 from binproto.adapters.asyncio import close_server, start_server
 from tests.test_timeouts import _asyncio_server, _connect
 
 GET_LIVE = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
 COUNT = 200
+
+
+class _CountingServer(V2Server):
+    """Counts the connections it has begun to serve (read from the test's thread)."""
+
+    started = 0
+
+    async def serve_connection(self, stream: ByteStream, timeouts: Timeouts | None = None) -> None:
+        self.started += 1
+        await super().serve_connection(stream, timeouts)
+
+
+def _settle(app: _CountingServer, count: int) -> None:
+    """Wait until the server serves ``count`` connections: one accepted late
+    would be counted with the next batch (a slow machine takes well over 0.2 s
+    to accept 200)."""
+    deadline = time.monotonic() + 30
+    while app.started < count:
+        assert time.monotonic() < deadline, (app.started, count)
+        time.sleep(0.02)
+    time.sleep(0.1)  # the last one reaches its wait for a request
 
 
 def _open(port: int, request: bool) -> list[socket.socket]:
@@ -41,15 +62,15 @@ def _open(port: int, request: bool) -> list[socket.socket]:
 )
 def test_an_idle_connection_costs_little(zero_copy: bool, bound: int, request_first: bool) -> None:
     # The default timeouts: the keep-alive wait holds a timer handle, no task.
-    app = V2Server(timeouts=Timeouts(keep_alive=60))
+    app = _CountingServer(timeouts=Timeouts(keep_alive=60))
     with _asyncio_server(app, zero_copy=zero_copy) as port:
         warm = _open(port, request_first)  # the first connections' one-off costs
-        time.sleep(0.2)
+        _settle(app, COUNT)
         tracemalloc.start()
         try:
             before = tracemalloc.get_traced_memory()[0]
             socks = _open(port, request_first)
-            time.sleep(0.5)  # every connection accepted and waiting for a request
+            _settle(app, 2 * COUNT)  # every connection accepted and waiting for a request
             per_connection = (tracemalloc.get_traced_memory()[0] - before) / COUNT
         finally:
             tracemalloc.stop()
