@@ -790,6 +790,8 @@ class InferRequest:
 
     model: Model
     version: str | None
+    #: The request's head (requests with the same head may share one:
+    #: see :class:`KnownHeads`).
     http: h11.Request
     header: InferenceHeader
     body: MessageBody
@@ -939,6 +941,62 @@ def _split_at_head_end(data: Any) -> tuple[Any, Any]:
     return view[: found.end()], view[found.end() :]
 
 
+#: Longest request head remembered, in bytes (see KnownHeads).
+REMEMBERED_HEAD = 1024
+#: Most header lines a remembered head has.
+REMEMBERED_HEADER_LINES = 32
+#: Most heads remembered at once: a few hundred KiB at the very most.
+REMEMBERED_HEADS = 64
+
+#: Headers that carry credentials: a head with one is never remembered.
+_CREDENTIALS = frozenset({b"authorization", b"proxy-authorization", b"cookie"})
+
+
+class KnownHeads:
+    """The requests h11 read from the last few request heads, by their bytes.
+
+    A client sends the same head again and again: the same target, headers
+    and body length. What h11 reads from a head depends on its bytes alone
+    when the connection held nothing else; and past the head the server uses
+    h11 for nothing when the body is framed by ``Content-Length`` (read
+    around h11: see :class:`BodyReader`) and no ``Expect: 100-continue``
+    waits for an answer: the connection is then as it was before the head.
+    Such a head, received whole into an empty connection, is read by h11
+    once; when its bytes come again, its request (the same ``h11.Request``
+    object) is reused and h11 is not given them. As precautions, heads that
+    ask for a protocol switch (``Upgrade``, ``CONNECT``) or carry
+    ``Transfer-Encoding`` are read each time, and heads carrying credentials
+    (``Authorization``, ``Proxy-Authorization``, ``Cookie``) are never kept:
+    the heads are shared by the server's connections, and a known head is
+    answered sooner. Up to :data:`REMEMBERED_HEADS` heads are kept.
+    """
+
+    def __init__(self) -> None:
+        self._requests: dict[bytes, h11.Request] = {}
+
+    def get(self, head: bytes) -> h11.Request | None:
+        """The request h11 read from ``head`` before, or None."""
+        return self._requests.get(head)
+
+    def remember(self, head: bytes, request: h11.Request) -> None:
+        """Keep ``request``, which h11 read from ``head`` alone (given it whole,
+        in an empty connection, which holds nothing more), when it qualifies.
+        (The server offers only heads of at most :data:`REMEMBERED_HEAD` bytes:
+        a longer one is not copied to be looked up.)"""
+        if len(request.headers) > REMEMBERED_HEADER_LINES or request.method == b"CONNECT":
+            return
+        names = {name for name, _ in request.headers}  # (h11 gives them lowercased)
+        if b"content-length" not in names or names & _NOT_REMEMBERED:
+            return
+        known = self._requests
+        if len(known) >= REMEMBERED_HEADS:
+            known.clear()  # (simplest, and safe from threads racing to drop one)
+        known[head] = request
+
+
+_NOT_REMEMBERED = _CREDENTIALS | {b"transfer-encoding", b"expect", b"upgrade"}
+
+
 def _next_connection(rest: tuple[Any, bool]) -> h11.Connection:
     """A fresh h11 connection for the next request on a stream, holding
     ``rest``: what was received past the last request, and whether the peer
@@ -1008,6 +1066,7 @@ class V2Server:
 
     def __post_init__(self) -> None:
         self._models = {m.name: m for m in self.models}
+        self._heads = KnownHeads()
         level = self.compression_level
         if type(level) is not int or not 0 <= level <= 9:
             raise LocalProtocolError(f"compression_level must be 0..9, got {level!r}")
@@ -1070,6 +1129,9 @@ class V2Server:
         ask = bool(received) or closed
         deadline = time.monotonic() + (timeouts.head or 0.0)
         ahead: Any = b""
+        # The head's bytes, when they came in one read into the empty
+        # connection: looked up, or offered, among the KnownHeads.
+        fresh_head: bytes | None = None
         while True:
             try:
                 event = conn.next_event() if ask else h11.NEED_DATA
@@ -1091,9 +1153,14 @@ class V2Server:
                 await self._send_error_and_close(stream, ResponseFramer(None), too_big)
                 return None
             if type(event) is h11.Request:
+                # (h11 ends a head where _split_at_head_end does: it holds
+                # nothing more; checked, as a hit would lose what it held.)
+                if fresh_head is not None and not len(conn.trailing_data[0]):
+                    self._heads.remember(fresh_head, event)
                 return event, ahead
             if event is not h11.NEED_DATA:
                 return None  # ConnectionClosed or PAUSED without a request
+            fresh_head = None
             if len(ahead):  # (not the head's end after all: h11 decides)
                 conn.receive_data(ahead)
                 ahead = b""
@@ -1119,8 +1186,14 @@ class V2Server:
             if not received and len(data):
                 # The head's deadline runs from its first byte.
                 deadline = time.monotonic() + (timeouts.head or 0.0)
+            first = not received
             received += len(data)
             head, ahead = _split_at_head_end(data)
+            if first and len(head) <= REMEMBERED_HEAD:
+                fresh_head = bytes(head)
+                known = self._heads.get(fresh_head)
+                if known is not None:
+                    return known, ahead  # h11 has read these bytes before
             conn.receive_data(head)
 
     async def _send_error_and_close(

@@ -1,0 +1,338 @@
+"""The server reads a repeated request head with h11 once (``KnownHeads``):
+the same answers as when h11 reads every head, and heads whose reading h11
+must see through (100-continue, chunked bodies, protocol switches,
+pipelined or split heads, big heads) are read by h11 each time."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import re
+from typing import Any
+
+import h11
+import numpy as np
+import pytest
+
+import binproto
+from binproto.adapters._server import (
+    REMEMBERED_HEAD,
+    REMEMBERED_HEADS,
+    KnownHeads,
+    V2Server,
+    echo_model,
+)
+
+
+def head_for(body: binproto.EncodedBody) -> bytes:
+    """The head of an echo request carrying ``body``."""
+    return (
+        b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n"
+        b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
+    ) % (body.header_length or 0, body.content_length)
+
+
+BODY = binproto.encode_request({"x": np.arange(16, dtype=np.float32)}, binary_data_output=True)
+WIRE = bytes(BODY)
+HEAD = head_for(BODY)
+REQUEST = HEAD + WIRE
+HL = BODY.header_length or 0
+
+
+class Script:
+    """A stream whose reads hand out ``reads`` in turn, then the end; what
+    the server writes is kept."""
+
+    timeout: float | None = None
+
+    def __init__(self, reads: list[bytes]) -> None:
+        self.reads = list(reads)
+        self.written = bytearray()
+
+    async def receive_some(self, max_bytes: int) -> bytes:
+        assert all(len(r) <= max_bytes for r in self.reads[:1])
+        return self.reads.pop(0) if self.reads else b""
+
+    async def send_all(self, buffers: Any) -> None:
+        for buf in buffers:
+            self.written += bytes(buf)
+
+    async def aclose(self) -> None:
+        pass
+
+
+def serve(
+    reads: list[bytes], monkeypatch: pytest.MonkeyPatch, server: V2Server | None = None
+) -> tuple[bytes, int]:
+    """What the server wrote for ``reads`` on one connection, and how many
+    request heads h11 read."""
+    heads = [0]
+    original = h11.Connection.next_event
+
+    def counting(self: h11.Connection) -> Any:
+        event = original(self)
+        if type(event) is h11.Request:
+            heads[0] += 1
+        return event
+
+    monkeypatch.setattr(h11.Connection, "next_event", counting)
+    stream = Script(reads)
+    asyncio.run((server or V2Server([echo_model()])).serve_connection(stream))
+    monkeypatch.undo()
+    return bytes(stream.written), heads[0]
+
+
+def answers(written: bytes) -> list[bytes]:
+    """The final responses in ``written`` (interim 100s dropped), each whole."""
+    out = []
+    rest = written
+    while rest:
+        top, _, rest = rest.partition(b"\r\n\r\n")
+        if top.startswith(b"HTTP/1.1 100 "):
+            continue
+        found = re.search(rb"(?im)^content-length: *(\d+)", top)
+        assert found is not None, top
+        length = int(found.group(1))
+        out.append(top + b"\r\n\r\n" + rest[:length])
+        rest = rest[length:]
+    return out
+
+
+def test_a_repeated_head_is_read_once_and_answered_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    written, heads = serve([REQUEST] * 3, monkeypatch)
+    got = answers(written)
+    assert heads == 1
+    assert (
+        len(got) == 3
+        and got[0].startswith(b"HTTP/1.1 200 ")
+        and got[0].endswith(np.arange(16, dtype=np.float32).tobytes())
+    )
+    assert got[1] == got[0] and got[2] == got[0]  # byte for byte
+
+
+def test_heads_are_known_across_connections(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = V2Server([echo_model()])
+    first, heads = serve([REQUEST], monkeypatch, server)
+    assert heads == 1
+    second, heads = serve([REQUEST], monkeypatch, server)
+    assert heads == 0 and second == first
+
+
+def test_a_different_body_length_is_a_different_head(monkeypatch: pytest.MonkeyPatch) -> None:
+    other = binproto.encode_request({"x": np.arange(8, dtype=np.float32)})
+    request = head_for(other) + bytes(other)
+    written, heads = serve([REQUEST, request, REQUEST, request], monkeypatch)
+    got = answers(written)
+    assert heads == 2 and len(got) == 4
+    assert got[2] == got[0] and got[3] == got[1] and got[0] != got[1]
+
+
+def _with(*lines: bytes) -> bytes:
+    """HEAD with header lines added before its end."""
+    return HEAD[:-2] + b"".join(line + b"\r\n" for line in lines) + b"\r\n"
+
+
+def _chunked(body: bytes) -> bytes:
+    head = (
+        b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+        b"Inference-Header-Content-Length: %d\r\n\r\n"
+    ) % (BODY.header_length or 0)
+    return head + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+
+
+@pytest.mark.parametrize(
+    "reads",
+    [
+        # 100-continue: each request waits for its own interim answer.
+        [_with(b"Expect: 100-continue"), WIRE] * 2,
+        # A chunked body is read through h11.
+        [_chunked(WIRE)] * 2,
+        # A protocol switch is asked (and declined: the request is answered).
+        [_with(b"Upgrade: h2c") + WIRE] * 2,
+        # Heads too big to keep: in bytes, in header lines.
+        [_with(b"X-Pad: " + b"a" * 1024) + WIRE] * 2,
+        [_with(*(b"X-%d: 1" % i for i in range(40))) + WIRE] * 2,
+        # A head that comes in two reads.
+        [HEAD[:20], HEAD[20:] + WIRE] * 2,
+        # CONNECT asks for a tunnel (refused: no such route).
+        [b"CONNECT x:1 HTTP/1.1\r\nHost: x:1\r\nContent-Length: 2\r\n\r\n{}"] * 2,
+        # Credentials are not kept.
+        [_with(b"Authorization: Bearer secret") + WIRE] * 2,
+        [_with(b"Proxy-Authorization: Basic eDp5") + WIRE] * 2,
+        [_with(b"Cookie: session=secret") + WIRE] * 2,
+    ],
+    ids=[
+        "100-continue",
+        "chunked",
+        "upgrade",
+        "big",
+        "many-lines",
+        "split",
+        "connect",
+        "authorization",
+        "proxy-authorization",
+        "cookie",
+    ],
+)
+def test_heads_h11_must_see_are_read_each_time(
+    reads: list[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    written, heads = serve(reads, monkeypatch)
+    got = answers(written)
+    assert heads == 2
+    assert len(got) == 2 and got[1] == got[0]
+    if not reads[0].startswith(b"CONNECT"):
+        assert got[0].startswith(b"HTTP/1.1 200 ")
+        assert got[0].endswith(np.arange(16, dtype=np.float32).tobytes())
+    if b"Expect" in reads[0]:
+        assert written.count(b"HTTP/1.1 100 \r\n\r\n") == 2  # (h11 sends no reason phrase)
+
+
+def test_a_pipelined_head_is_read_by_h11(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The second head comes behind the first request, in the same read: the
+    # connection holds it before it is looked at. The third comes alone.
+    written, heads = serve([REQUEST * 2, REQUEST], monkeypatch)
+    got = answers(written)
+    assert heads == 2 and len(got) == 3 and got[0] == got[1] == got[2]
+
+
+def test_a_closing_head_is_answered_and_closed_each_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = V2Server([echo_model()])
+    closing = _with(b"Connection: close") + WIRE
+    for expected_heads in (1, 0):  # read by h11, then known
+        # The request after it on the same connection is never read.
+        written, heads = serve([closing, REQUEST], monkeypatch, server)
+        got = answers(written)
+        assert heads == expected_heads
+        assert len(got) == 1 and b"connection: close" in got[0].lower()
+
+
+def test_a_refused_head_is_refused_each_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Only heads h11 read into a request are kept: a bad one is never known.
+    server = V2Server([echo_model()])
+    bad = HEAD.replace(b"Content-Length: ", b"Content-Length: x")
+    for _ in range(2):
+        written, heads = serve([bad + WIRE], monkeypatch, server)
+        assert written.startswith(b"HTTP/1.1 400 ") and heads == 0
+
+
+@pytest.mark.parametrize(("size", "reads"), [(REMEMBERED_HEAD, 1), (REMEMBERED_HEAD + 1, 2)])
+def test_heads_up_to_the_size_bound_are_known(
+    size: int, reads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    head = _with(b"X-Pad: ")
+    head = _with(b"X-Pad: " + b"a" * (size - len(head)))
+    assert len(head) == size
+    written, heads = serve([head + WIRE] * 2, monkeypatch)
+    got = answers(written)
+    assert heads == reads and len(got) == 2 and got[0] == got[1]
+
+
+def test_known_heads_are_bounded() -> None:
+    known = KnownHeads()
+    conn = h11.Connection(h11.SERVER)
+    conn.receive_data(HEAD)
+    request = conn.next_event()
+    assert type(request) is h11.Request
+    for i in range(REMEMBERED_HEADS):
+        known.remember(b"%d" % i, request)
+    assert known.get(b"0") is request and known.get(b"%d" % (REMEMBERED_HEADS - 1)) is request
+    known.remember(b"one more", request)  # full: the others are forgotten
+    assert known.get(b"0") is None and known.get(b"one more") is request
+    # A request without Content-Length is never kept.
+    get = h11.Connection(h11.SERVER)
+    get.receive_data(b"GET /v2 HTTP/1.1\r\nHost: x\r\n\r\n")
+    event = get.next_event()
+    assert type(event) is h11.Request
+    known.remember(b"get", event)
+    assert known.get(b"get") is None
+
+
+class Bytes(Script):
+    """A stream handing out each read's bytes as asked (up to ``max_bytes``),
+    as ``bytearray`` when ``mutable``; with ``receive_into`` when ``into``."""
+
+    def __init__(self, reads: list[bytes], mutable: bool) -> None:
+        super().__init__(reads)
+        self.mutable = mutable
+
+    async def receive_some(self, max_bytes: int) -> bytes:
+        if not self.reads:
+            return b""
+        data, rest = self.reads[0][:max_bytes], self.reads[0][max_bytes:]
+        if rest:
+            self.reads[0] = rest
+        else:
+            self.reads.pop(0)
+        return bytearray(data) if self.mutable else data  # type: ignore[return-value]
+
+
+class Into(Bytes):
+    async def receive_into(self, view: memoryview) -> int:
+        data = await self.receive_some(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+
+def _run(server: V2Server, reads: list[bytes], kind: str) -> tuple[bytes, list[bytes]]:
+    """What ``server`` wrote for ``reads`` on one connection, and what it left
+    unread. The streams never wait: the coroutine runs with no event loop."""
+    stream = (Into if kind == "into" else Bytes)(reads, mutable=kind == "bytearray")
+    coroutine = server.serve_connection(stream)
+    with pytest.raises(StopIteration):
+        coroutine.send(None)
+    return bytes(stream.written), stream.reads
+
+
+def test_a_known_head_is_served_as_h11_would_serve_it() -> None:
+    # The same reads to a server that knows no head and to one that knows
+    # the head already: the same answers, and the same bytes left unread.
+    lines = {
+        "plain": b"",
+        "closing": b"Connection: close\r\n",
+        "gzip": b"Accept-Encoding: gzip\r\n",
+        "obs-fold": b"X-A: a\r\n b\r\n",
+        "doubled": b"Content-Length: %d\r\n",
+    }
+    bodies = {"ok": WIRE, "bad": b"x" * len(WIRE), "short": WIRE[:-3], "empty": b""}
+    behind = [b"", b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n", b"junk\r\n\r\n"]
+    targets = [b"/v2/models/echo/infer", b"/v2/models/nope/infer", b"/v2"]
+    cases = hits = 0
+    for method, target, version, extra, eol, body_kind, after, kind, split in itertools.product(
+        [b"POST", b"GET", b"HEAD"], targets, [b"HTTP/1.1", b"HTTP/1.0"], lines.values(),
+        [b"\r\n", b"\n"], bodies, behind, ["bytes", "bytearray", "into"], [False, True],
+    ):  # fmt: skip
+        body = bodies[body_kind]
+        length = len(body) if body_kind != "short" else len(WIRE)
+        head = (
+            b"%s %s %s\r\nHost: x\r\nInference-Header-Content-Length: %d\r\n"
+            b"Content-Length: %d\r\n%s\r\n"
+        ) % (method, target, version, HL, length, extra.replace(b"%d", b"%d" % length))
+        head = head.replace(b"\r\n", eol)
+        if body_kind == "short":
+            reads = [head + body]  # then the end
+        elif split:
+            reads = [head + body[:5], body[5:] + after]
+        else:
+            reads = [head + body + after]
+        unknowing = V2Server([echo_model()])
+        unknowing._heads = _Forgetful()
+        expected = _run(unknowing, reads, kind)
+        knowing = V2Server([echo_model()])
+        _run(knowing, reads, kind)  # h11 reads the head; it is known if it qualifies
+        known = knowing._heads.get(head) is not None
+        assert _run(knowing, reads, kind) == expected, (reads, kind)
+        cases += 1
+        hits += known
+        # Every head with a Content-Length (here, all) is kept.
+        assert known, head
+    assert cases == hits == 3 * 3 * 2 * 5 * 2 * 4 * 3 * 3 * 2
+
+
+class _Forgetful(KnownHeads):
+    """Knows no head: h11 reads each one."""
+
+    def get(self, head: bytes) -> h11.Request | None:
+        return None
