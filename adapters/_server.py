@@ -941,6 +941,14 @@ def _split_at_head_end(data: Any) -> tuple[Any, Any]:
     return view[: found.end()], view[found.end() :]
 
 
+class Head(NamedTuple):
+    """A request head as the server read it."""
+
+    request: h11.Request  #: what h11 read from it
+    fields: HeaderFields  #: its header fields (:func:`~binproto.adapters.h11.fields_of`)
+    ahead: Any  #: bytes received past its end that h11 was not given (see _split_at_head_end)
+
+
 #: Longest request head remembered, in bytes (see KnownHeads).
 REMEMBERED_HEAD = 1024
 #: Most header lines a remembered head has.
@@ -972,15 +980,16 @@ class KnownHeads:
     """
 
     def __init__(self) -> None:
-        self._requests: dict[bytes, h11.Request] = {}
+        self._requests: dict[bytes, tuple[h11.Request, HeaderFields]] = {}
 
-    def get(self, head: bytes) -> h11.Request | None:
-        """The request h11 read from ``head`` before, or None."""
+    def get(self, head: bytes) -> tuple[h11.Request, HeaderFields] | None:
+        """The request h11 read from ``head`` before, and its fields; or None."""
         return self._requests.get(head)
 
-    def remember(self, head: bytes, request: h11.Request) -> None:
+    def remember(self, head: bytes, request: h11.Request, fields: HeaderFields) -> None:
         """Keep ``request``, which h11 read from ``head`` alone (given it whole,
-        in an empty connection, which holds nothing more), when it qualifies.
+        in an empty connection, which holds nothing more), and its ``fields``
+        (:func:`~binproto.adapters.h11.fields_of`), when it qualifies.
         (The server offers only heads of at most :data:`REMEMBERED_HEAD` bytes:
         a longer one is not copied to be looked up.)"""
         if len(request.headers) > REMEMBERED_HEADER_LINES or request.method == b"CONNECT":
@@ -991,7 +1000,7 @@ class KnownHeads:
         known = self._requests
         if len(known) >= REMEMBERED_HEADS:
             known.clear()  # (simplest, and safe from threads racing to drop one)
-        known[head] = request
+        known[head] = (request, fields)
 
 
 _NOT_REMEMBERED = _CREDENTIALS | {b"transfer-encoding", b"expect", b"upgrade"}
@@ -1101,7 +1110,7 @@ class V2Server:
                 head = await self._next_request(stream, conn, bounds)
                 if head is None:
                     return
-                rest = await self._respond(stream, conn, *head, bounds)
+                rest = await self._respond(stream, conn, head, bounds)
                 if rest is None:
                     return
                 conn = _next_connection(rest)
@@ -1116,10 +1125,9 @@ class V2Server:
 
     async def _next_request(
         self, stream: ByteStream, conn: h11.Connection, timeouts: Timeouts
-    ) -> tuple[h11.Request, Any] | None:
-        """The next request's head, and the bytes received past its end that
-        h11 was not given (see :func:`_split_at_head_end`); None when the
-        connection is done (closed, or refused with an answer)."""
+    ) -> Head | None:
+        """The next request's head; None when the connection is done (closed,
+        or refused with an answer)."""
         # Bytes of this head read so far (with what may follow it): some may
         # have come with the previous request (pipelined), and then the head
         # has begun, and its deadline runs, already.
@@ -1155,9 +1163,10 @@ class V2Server:
             if type(event) is h11.Request:
                 # (h11 ends a head where _split_at_head_end does: it holds
                 # nothing more; checked, as a hit would lose what it held.)
+                fields = fields_of(event)
                 if fresh_head is not None and not len(conn.trailing_data[0]):
-                    self._heads.remember(fresh_head, event)
-                return event, ahead
+                    self._heads.remember(fresh_head, event, fields)
+                return Head(event, fields, ahead)
             if event is not h11.NEED_DATA:
                 return None  # ConnectionClosed or PAUSED without a request
             fresh_head = None
@@ -1193,7 +1202,7 @@ class V2Server:
                 fresh_head = bytes(head)
                 known = self._heads.get(fresh_head)
                 if known is not None:
-                    return known, ahead  # h11 has read these bytes before
+                    return Head(*known, ahead)  # h11 has read these bytes before
             conn.receive_data(head)
 
     async def _send_error_and_close(
@@ -1217,18 +1226,16 @@ class V2Server:
         self,
         stream: ByteStream,
         conn: h11.Connection,
-        req: h11.Request,
-        ahead: Any,
+        head: Head,
         timeouts: Timeouts,
     ) -> tuple[Any, bool] | None:
-        """Answer one request (``ahead``: bytes received past its head that h11
-        was not given). When the connection may serve another: what was
+        """Answer one request. When the connection may serve another: what was
         received past this request, and whether the peer has closed its side
         (see :meth:`BodyReader.rest`); else None."""
+        req, fields, ahead = head
         framer = ResponseFramer(req)
         stream.timeout = timeouts.body
         try:
-            fields = fields_of(req)
             if has_both_lengths(fields):
                 # Two framings: whichever one is used, a peer (or a proxy in front)
                 # may have meant the other and smuggled a request into the body.
@@ -1249,7 +1256,6 @@ class V2Server:
             if r.kind == "infer":
                 body, result = await self._infer(req, fields, r, reader)
                 stream.timeout = timeouts.write
-                head: h11.Response
                 if isinstance(result, StreamingResponse):
                     await self._stream_response(stream, framer, result)
                     return _carry(body.complete and framer.reusable, reader)
@@ -1260,9 +1266,9 @@ class V2Server:
                 pieces = framer.send_response(200, result)
             else:
                 await self._drain_small(reader)
-                head, payload = self._get(r)
+                response, payload = self._get(r)
                 pieces = [
-                    framer.send(head),
+                    framer.send(response),
                     framer.send(h11.Data(data=payload)) if payload else b"",
                 ]
                 pieces.append(framer.send(h11.EndOfMessage()))

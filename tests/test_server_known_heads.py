@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import binproto
+from binproto import HeaderFields
 from binproto.adapters._server import (
     REMEMBERED_HEAD,
     REMEMBERED_HEADS,
@@ -22,6 +23,7 @@ from binproto.adapters._server import (
     V2Server,
     echo_model,
 )
+from binproto.adapters.h11 import fields_of
 
 
 def head_for(body: binproto.EncodedBody) -> bytes:
@@ -236,17 +238,18 @@ def test_known_heads_are_bounded() -> None:
     conn.receive_data(HEAD)
     request = conn.next_event()
     assert type(request) is h11.Request
+    fields = fields_of(request)
     for i in range(REMEMBERED_HEADS):
-        known.remember(b"%d" % i, request)
-    assert known.get(b"0") is request and known.get(b"%d" % (REMEMBERED_HEADS - 1)) is request
-    known.remember(b"one more", request)  # full: the others are forgotten
-    assert known.get(b"0") is None and known.get(b"one more") is request
+        known.remember(b"%d" % i, request, fields)
+    assert known.get(b"0") == known.get(b"%d" % (REMEMBERED_HEADS - 1)) == (request, fields)
+    known.remember(b"one more", request, fields)  # full: the others are forgotten
+    assert known.get(b"0") is None and known.get(b"one more") == (request, fields)
     # A request without Content-Length is never kept.
     get = h11.Connection(h11.SERVER)
     get.receive_data(b"GET /v2 HTTP/1.1\r\nHost: x\r\n\r\n")
     event = get.next_event()
     assert type(event) is h11.Request
-    known.remember(b"get", event)
+    known.remember(b"get", event, fields_of(event))
     assert known.get(b"get") is None
 
 
@@ -334,5 +337,5 @@ def test_a_known_head_is_served_as_h11_would_serve_it() -> None:
 class _Forgetful(KnownHeads):
     """Knows no head: h11 reads each one."""
 
-    def get(self, head: bytes) -> h11.Request | None:
+    def get(self, head: bytes) -> tuple[h11.Request, HeaderFields] | None:
         return None
