@@ -145,8 +145,12 @@ def test_an_idle_connection_waits_in_its_one_task(zero_copy: bool) -> None:
                 sock.setblocking(False)
                 socks.append(sock)
                 await loop.sock_connect(sock, ("127.0.0.1", port))
-            await asyncio.sleep(0.3)  # every connection waiting for a request
-            return len(asyncio.all_tasks()) - 1  # not this one
+            # Every connection waiting for a request: one task each (not this one).
+            deadline = loop.time() + 10
+            while len(asyncio.all_tasks()) - 1 < 20 and loop.time() < deadline:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)  # (time for any task made per wait to show)
+            return len(asyncio.all_tasks()) - 1
         finally:
             for sock in socks:
                 sock.close()

@@ -384,6 +384,7 @@ def test_a_big_json_echo_peaks_under_12x_its_request() -> None:
         port = int(proc.stdout.readline().rsplit(":", 1)[1])
         idle = memory("VmRSS")
         with connect(port) as sock:
+            sock.settimeout(120)  # (the server parses 12 MB of JSON before answering)
             sock.sendall(
                 b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Type:"
                 b" application/json\r\nContent-Length: %d\r\n\r\n" % len(wire) + wire

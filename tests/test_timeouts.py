@@ -135,7 +135,8 @@ def test_a_timeout_must_be_positive_seconds_or_none(bad: Any) -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_an_idle_connection_is_closed_after_keep_alive(backend: str) -> None:
-    with serving(backend, Timeouts(keep_alive=0.2)) as port:
+    # (1 s: time enough for this side to send its request after connecting)
+    with serving(backend, Timeouts(keep_alive=1)) as port:
         with _connect(port) as sock:  # never sends a byte
             start = time.monotonic()
             assert _until_closed(sock) == b""
@@ -201,12 +202,12 @@ def test_a_stalled_body_is_answered_408(backend: str) -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_slow_body_that_keeps_moving_is_read(backend: str) -> None:
-    # 8 pieces 0.15 s apart: 1.2 s in all, past the 0.5 s bound, but never
-    # 0.5 s without progress.
+    # 8 pieces 0.15 s apart: 1.2 s in all, past the 1 s bound, but never
+    # 1 s without progress (a margin for a machine that pauses).
     x = np.arange(4000, dtype=np.float32)
     wire = _request(x)
     step = -(-len(wire) // 8)
-    with serving(backend, Timeouts(keep_alive=5, head=5, body=0.5, write=5)) as port:
+    with serving(backend, Timeouts(keep_alive=5, head=5, body=1, write=5)) as port:
         with _connect(port) as sock:
             for i in range(0, len(wire), step):
                 sock.sendall(wire[i : i + step])
