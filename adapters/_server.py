@@ -953,7 +953,8 @@ class Head(NamedTuple):
 REMEMBERED_HEAD = 1024
 #: Most header lines a remembered head has.
 REMEMBERED_HEADER_LINES = 32
-#: Most heads remembered at once: a few hundred KiB at the very most.
+#: Most heads a server remembers at once by default (``V2Server.remembered_heads``):
+#: a few hundred KiB at the very most.
 REMEMBERED_HEADS = 64
 
 #: Headers that carry credentials: a head with one is never remembered.
@@ -976,10 +977,11 @@ class KnownHeads:
     ``Transfer-Encoding`` are read each time, and heads carrying credentials
     (``Authorization``, ``Proxy-Authorization``, ``Cookie``) are never kept:
     the heads are shared by the server's connections, and a known head is
-    answered sooner. Up to :data:`REMEMBERED_HEADS` heads are kept.
+    answered sooner. Up to ``capacity`` heads are kept (0: none).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int = REMEMBERED_HEADS) -> None:
+        self.capacity = capacity
         self._requests: dict[bytes, tuple[h11.Request, HeaderFields]] = {}
 
     def get(self, head: bytes) -> tuple[h11.Request, HeaderFields] | None:
@@ -992,13 +994,17 @@ class KnownHeads:
         (:func:`~binproto.adapters.h11.fields_of`), when it qualifies.
         (The server offers only heads of at most :data:`REMEMBERED_HEAD` bytes:
         a longer one is not copied to be looked up.)"""
-        if len(request.headers) > REMEMBERED_HEADER_LINES or request.method == b"CONNECT":
+        if (
+            not self.capacity
+            or len(request.headers) > REMEMBERED_HEADER_LINES
+            or request.method == b"CONNECT"
+        ):
             return
         names = {name for name, _ in request.headers}  # (h11 gives them lowercased)
         if b"content-length" not in names or names & _NOT_REMEMBERED:
             return
         known = self._requests
-        if len(known) >= REMEMBERED_HEADS:
+        if len(known) >= self.capacity:
             known.clear()  # (simplest, and safe from threads racing to drop one)
         known[head] = (request, fields)
 
@@ -1063,6 +1069,9 @@ class V2Server:
         timeouts: how long to wait for a peer in each phase of a request
             (:class:`Timeouts`: keep-alive idle 5 s, the request head 10 s,
             body inactivity 30 s, response write stall 30 s).
+        remembered_heads: how many request heads to remember, so that h11
+            reads a head that comes again only once (see
+            :class:`KnownHeads`); 0 has h11 read every head.
     """
 
     models: Sequence[Model] = field(default_factory=lambda: [echo_model()])
@@ -1072,10 +1081,14 @@ class V2Server:
     compress_responses: bool = True
     compression_level: int = 1
     timeouts: Timeouts = Timeouts()
+    remembered_heads: int = REMEMBERED_HEADS
 
     def __post_init__(self) -> None:
         self._models = {m.name: m for m in self.models}
-        self._heads = KnownHeads()
+        heads = self.remembered_heads
+        if type(heads) is not int or heads < 0:
+            raise LocalProtocolError(f"remembered_heads must be an int >= 0, got {heads!r}")
+        self._heads = KnownHeads(heads)
         level = self.compression_level
         if type(level) is not int or not 0 <= level <= 9:
             raise LocalProtocolError(f"compression_level must be 0..9, got {level!r}")

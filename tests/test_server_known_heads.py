@@ -339,3 +339,26 @@ class _Forgetful(KnownHeads):
 
     def get(self, head: bytes) -> tuple[h11.Request, HeaderFields] | None:
         return None
+
+
+def test_a_server_may_remember_no_head(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = V2Server([echo_model()], remembered_heads=0)
+    written, heads = serve([REQUEST] * 3, monkeypatch, server)
+    got = answers(written)
+    assert heads == 3 and len(got) == 3 and got[0] == got[1] == got[2]
+
+
+def test_a_server_remembers_as_many_heads_as_it_is_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two heads taking turns: with room for one, each forgets the other.
+    other = binproto.encode_request({"x": np.arange(8, dtype=np.float32)})
+    request = head_for(other) + bytes(other)
+    for room, reads in ((1, 4), (2, 2)):
+        server = V2Server([echo_model()], remembered_heads=room)
+        _written, heads = serve([REQUEST, request] * 2, monkeypatch, server)
+        assert heads == reads
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "64", True, None])
+def test_remembered_heads_must_be_a_count(bad: Any) -> None:
+    with pytest.raises(binproto.LocalProtocolError, match="remembered_heads"):
+        V2Server(remembered_heads=bad)
