@@ -950,15 +950,17 @@ class Head(NamedTuple):
 
 
 #: Longest request head remembered, in bytes (see KnownHeads).
-REMEMBERED_HEAD = 1024
+REMEMBERED_HEAD_BYTES = 1024
 #: Most header lines a remembered head has.
 REMEMBERED_HEADER_LINES = 32
 #: Most heads a server remembers at once by default (``V2Server.remembered_heads``):
-#: a few hundred KiB at the very most.
+#: under 1 MiB at the very most.
 REMEMBERED_HEADS = 64
 
 #: Headers that carry credentials: a head with one is never remembered.
 _CREDENTIALS = frozenset({b"authorization", b"proxy-authorization", b"cookie"})
+#: Headers of a head that is never remembered.
+_NOT_REMEMBERED = _CREDENTIALS | {b"transfer-encoding", b"expect", b"upgrade"}
 
 
 class KnownHeads:
@@ -992,7 +994,7 @@ class KnownHeads:
         """Keep ``request``, which h11 read from ``head`` alone (given it whole,
         in an empty connection, which holds nothing more), and its ``fields``
         (:func:`~binproto.adapters.h11.fields_of`), when it qualifies.
-        (The server offers only heads of at most :data:`REMEMBERED_HEAD` bytes:
+        (The server offers only heads of at most :data:`REMEMBERED_HEAD_BYTES` bytes:
         a longer one is not copied to be looked up.)"""
         if (
             not self.capacity
@@ -1007,9 +1009,6 @@ class KnownHeads:
         if len(known) >= self.capacity:
             known.clear()  # (simplest, and safe from threads racing to drop one)
         known[head] = (request, fields)
-
-
-_NOT_REMEMBERED = _CREDENTIALS | {b"transfer-encoding", b"expect", b"upgrade"}
 
 
 def _next_connection(rest: tuple[Any, bool]) -> h11.Connection:
@@ -1174,8 +1173,8 @@ class V2Server:
                 await self._send_error_and_close(stream, ResponseFramer(None), too_big)
                 return None
             if type(event) is h11.Request:
-                # (h11 ends a head where _split_at_head_end does: it holds
-                # nothing more; checked, as a hit would lose what it held.)
+                # (A precaution: h11 stops where _split_at_head_end cut, so it
+                # holds nothing; were it to hold bytes, a hit would drop them.)
                 fields = fields_of(event)
                 if fresh_head is not None and not len(conn.trailing_data[0]):
                     self._heads.remember(fresh_head, event, fields)
@@ -1211,7 +1210,7 @@ class V2Server:
             first = not received
             received += len(data)
             head, ahead = _split_at_head_end(data)
-            if first and len(head) <= REMEMBERED_HEAD:
+            if first and self._heads.capacity and len(head) <= REMEMBERED_HEAD_BYTES:
                 fresh_head = bytes(head)
                 known = self._heads.get(fresh_head)
                 if known is not None:

@@ -17,7 +17,7 @@ import pytest
 import binproto
 from binproto import HeaderFields
 from binproto.adapters._server import (
-    REMEMBERED_HEAD,
+    REMEMBERED_HEAD_BYTES,
     REMEMBERED_HEADS,
     KnownHeads,
     V2Server,
@@ -63,9 +63,7 @@ class Script:
         pass
 
 
-def serve(
-    reads: list[bytes], monkeypatch: pytest.MonkeyPatch, server: V2Server | None = None
-) -> tuple[bytes, int]:
+def serve(reads: list[bytes], server: V2Server | None = None) -> tuple[bytes, int]:
     """What the server wrote for ``reads`` on one connection, and how many
     request heads h11 read."""
     heads = [0]
@@ -77,10 +75,10 @@ def serve(
             heads[0] += 1
         return event
 
-    monkeypatch.setattr(h11.Connection, "next_event", counting)
     stream = Script(reads)
-    asyncio.run((server or V2Server([echo_model()])).serve_connection(stream))
-    monkeypatch.undo()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(h11.Connection, "next_event", counting)
+        asyncio.run((server or V2Server([echo_model()])).serve_connection(stream))
     return bytes(stream.written), heads[0]
 
 
@@ -100,10 +98,8 @@ def answers(written: bytes) -> list[bytes]:
     return out
 
 
-def test_a_repeated_head_is_read_once_and_answered_the_same(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    written, heads = serve([REQUEST] * 3, monkeypatch)
+def test_a_repeated_head_is_read_once_and_answered_the_same() -> None:
+    written, heads = serve([REQUEST] * 3)
     got = answers(written)
     assert heads == 1
     assert (
@@ -114,18 +110,18 @@ def test_a_repeated_head_is_read_once_and_answered_the_same(
     assert got[1] == got[0] and got[2] == got[0]  # byte for byte
 
 
-def test_heads_are_known_across_connections(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_heads_are_known_across_connections() -> None:
     server = V2Server([echo_model()])
-    first, heads = serve([REQUEST], monkeypatch, server)
+    first, heads = serve([REQUEST], server)
     assert heads == 1
-    second, heads = serve([REQUEST], monkeypatch, server)
+    second, heads = serve([REQUEST], server)
     assert heads == 0 and second == first
 
 
-def test_a_different_body_length_is_a_different_head(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_different_body_length_is_a_different_head() -> None:
     other = binproto.encode_request({"x": np.arange(8, dtype=np.float32)})
     request = head_for(other) + bytes(other)
-    written, heads = serve([REQUEST, request, REQUEST, request], monkeypatch)
+    written, heads = serve([REQUEST, request, REQUEST, request])
     got = answers(written)
     assert heads == 2 and len(got) == 4
     assert got[2] == got[0] and got[3] == got[1] and got[0] != got[1]
@@ -178,10 +174,8 @@ def _chunked(body: bytes) -> bytes:
         "cookie",
     ],
 )
-def test_heads_h11_must_see_are_read_each_time(
-    reads: list[bytes], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    written, heads = serve(reads, monkeypatch)
+def test_heads_h11_must_see_are_read_each_time(reads: list[bytes]) -> None:
+    written, heads = serve(reads)
     got = answers(written)
     assert heads == 2
     assert len(got) == 2 and got[1] == got[0]
@@ -192,42 +186,42 @@ def test_heads_h11_must_see_are_read_each_time(
         assert written.count(b"HTTP/1.1 100 \r\n\r\n") == 2  # (h11 sends no reason phrase)
 
 
-def test_a_pipelined_head_is_read_by_h11(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_pipelined_head_is_read_by_h11() -> None:
     # The second head comes behind the first request, in the same read: the
     # connection holds it before it is looked at. The third comes alone.
-    written, heads = serve([REQUEST * 2, REQUEST], monkeypatch)
+    written, heads = serve([REQUEST * 2, REQUEST])
     got = answers(written)
     assert heads == 2 and len(got) == 3 and got[0] == got[1] == got[2]
 
 
-def test_a_closing_head_is_answered_and_closed_each_time(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_closing_head_is_answered_and_closed_each_time() -> None:
     server = V2Server([echo_model()])
     closing = _with(b"Connection: close") + WIRE
     for expected_heads in (1, 0):  # read by h11, then known
         # The request after it on the same connection is never read.
-        written, heads = serve([closing, REQUEST], monkeypatch, server)
+        written, heads = serve([closing, REQUEST], server)
         got = answers(written)
         assert heads == expected_heads
         assert len(got) == 1 and b"connection: close" in got[0].lower()
 
 
-def test_a_refused_head_is_refused_each_time(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_refused_head_is_refused_each_time() -> None:
     # Only heads h11 read into a request are kept: a bad one is never known.
     server = V2Server([echo_model()])
     bad = HEAD.replace(b"Content-Length: ", b"Content-Length: x")
     for _ in range(2):
-        written, heads = serve([bad + WIRE], monkeypatch, server)
+        written, heads = serve([bad + WIRE], server)
         assert written.startswith(b"HTTP/1.1 400 ") and heads == 0
 
 
-@pytest.mark.parametrize(("size", "reads"), [(REMEMBERED_HEAD, 1), (REMEMBERED_HEAD + 1, 2)])
-def test_heads_up_to_the_size_bound_are_known(
-    size: int, reads: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.parametrize(
+    ("size", "reads"), [(REMEMBERED_HEAD_BYTES, 1), (REMEMBERED_HEAD_BYTES + 1, 2)]
+)
+def test_heads_up_to_the_size_bound_are_known(size: int, reads: int) -> None:
     head = _with(b"X-Pad: ")
     head = _with(b"X-Pad: " + b"a" * (size - len(head)))
     assert len(head) == size
-    written, heads = serve([head + WIRE] * 2, monkeypatch)
+    written, heads = serve([head + WIRE] * 2)
     got = answers(written)
     assert heads == reads and len(got) == 2 and got[0] == got[1]
 
@@ -341,20 +335,20 @@ class _Forgetful(KnownHeads):
         return None
 
 
-def test_a_server_may_remember_no_head(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_server_may_remember_no_head() -> None:
     server = V2Server([echo_model()], remembered_heads=0)
-    written, heads = serve([REQUEST] * 3, monkeypatch, server)
+    written, heads = serve([REQUEST] * 3, server)
     got = answers(written)
     assert heads == 3 and len(got) == 3 and got[0] == got[1] == got[2]
 
 
-def test_a_server_remembers_as_many_heads_as_it_is_told(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_server_remembers_as_many_heads_as_it_is_told() -> None:
     # Two heads taking turns: with room for one, each forgets the other.
     other = binproto.encode_request({"x": np.arange(8, dtype=np.float32)})
     request = head_for(other) + bytes(other)
     for room, reads in ((1, 4), (2, 2)):
         server = V2Server([echo_model()], remembered_heads=room)
-        _written, heads = serve([REQUEST, request] * 2, monkeypatch, server)
+        _written, heads = serve([REQUEST, request] * 2, server)
         assert heads == reads
 
 
