@@ -1011,14 +1011,19 @@ class KnownHeads:
         known[head] = (request, fields)
 
 
-def _next_connection(rest: tuple[Any, bool]) -> h11.Connection:
+def _next_connection(rest: tuple[Any, bool], last: h11.Connection) -> h11.Connection:
     """A fresh h11 connection for the next request on a stream, holding
     ``rest``: what was received past the last request, and whether the peer
     closed (:meth:`BodyReader.rest`). h11 only reads request heads (and
     chunked bodies) here: responses are framed by ResponseFramer, and a
     ``Content-Length`` body is read around h11 (see BodyReader), so the last
-    request's connection cannot start a next cycle itself."""
-    fresh = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
+    request's connection cannot start a next cycle itself. ``last`` serves
+    again when h11 read nothing from it (the request's head was known): it is
+    as it was made."""
+    if last.their_state is h11.IDLE:
+        fresh = last
+    else:
+        fresh = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
     data, closed = rest
     if data:
         fresh.receive_data(data)
@@ -1125,7 +1130,7 @@ class V2Server:
                 rest = await self._respond(stream, conn, head, bounds)
                 if rest is None:
                     return
-                conn = _next_connection(rest)
+                conn = _next_connection(rest, conn)
                 # The next request's h11 connection holds a copy of what it
                 # needs: no view into this request's receive buffers is kept
                 # while it is awaited (an idle connection holds no buffer).

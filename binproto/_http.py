@@ -51,10 +51,11 @@ class HeaderFields:
     Content-Length, Transfer-Encoding, Content-Encoding and
     Inference-Header-Content-Length of each request). A name repeated with
     different values is an error when it is looked up, as with
-    :func:`header_value`.
+    :func:`header_value`. :func:`body_claims` of the same fields reads them
+    once and keeps its result with them.
     """
 
-    __slots__ = ("_conflicts", "_values")
+    __slots__ = ("_claims", "_conflicts", "_values")
 
     def __init__(
         self,
@@ -75,6 +76,7 @@ class HeaderFields:
                 conflicts.setdefault(name, (first, text))
         self._values = values
         self._conflicts = conflicts
+        self._claims: BodyClaims | None = None  # (see body_claims)
 
     def get(self, name: str) -> str | None:
         """The value of header ``name`` (any case), or None when absent.
@@ -230,15 +232,20 @@ def body_claims(headers: Headers) -> BodyClaims:
     bound the header length. Raises :class:`RemoteProtocolError` for bad
     values of those headers (status hint 415 for an unsupported content
     coding), as :func:`content_length_from`, :func:`content_encoding_from`
-    and :func:`header_length_from` do.
+    and :func:`header_length_from` do. Given :class:`HeaderFields`, the claims
+    are read once and kept with them (a server reuses the fields of a head
+    that comes again, and then its claims).
     """
     if not isinstance(headers, HeaderFields):
         headers = HeaderFields(headers)  # read once, looked up four times
-    content_length = content_length_from(headers)
-    encoding = content_encoding_from(headers)
-    body_length = content_length if encoding is None else None
-    header_length = header_length_from(headers, content_length=body_length)
-    return BodyClaims(content_length, encoding, header_length)
+    claims = headers._claims
+    if claims is None:
+        content_length = content_length_from(headers)
+        encoding = content_encoding_from(headers)
+        body_length = content_length if encoding is None else None
+        header_length = header_length_from(headers, content_length=body_length)
+        claims = headers._claims = BodyClaims(content_length, encoding, header_length)
+    return claims
 
 
 def parser_from_headers(

@@ -105,6 +105,30 @@ def test_body_claims_read_the_three_framing_headers() -> None:
     assert info.value.status_hint == 415
 
 
+def test_body_claims_of_header_fields_are_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import binproto._http as http
+
+    reads: list[int] = []
+    original = http.content_length_from
+
+    def counting(headers: Any) -> int | None:
+        reads.append(1)
+        return original(headers)
+
+    monkeypatch.setattr(http, "content_length_from", counting)
+    fields = binproto.HeaderFields({"Content-Length": "7", HEADER_LENGTH_NAME: "3"})
+    first = body_claims(fields)
+    assert first == BodyClaims(7, None, 3) and body_claims(fields) is first
+    assert len(reads) == 1
+    # A list of pairs is read each time; a fault is found each time.
+    pairs = [("Content-Length", "7")]
+    assert body_claims(pairs) == body_claims(pairs) and len(reads) == 3
+    bad = binproto.HeaderFields({"Content-Length": "10", HEADER_LENGTH_NAME: "500"})
+    for _ in range(2):
+        with pytest.raises(RemoteProtocolError, match="should be in range"):
+            body_claims(bad)
+
+
 @pytest.mark.parametrize(
     ("claims", "status", "match"),
     [

@@ -356,3 +356,22 @@ def test_a_server_remembers_as_many_heads_as_it_is_told() -> None:
 def test_remembered_heads_must_be_a_count(bad: Any) -> None:
     with pytest.raises(binproto.LocalProtocolError, match="remembered_heads"):
         V2Server(remembered_heads=bad)
+
+
+def test_a_connection_h11_read_nothing_from_serves_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A known head leaves the connection's h11 state as it was made: no fresh
+    # one for the next request. A head h11 read needs a fresh one.
+    made = [0]
+    original = h11.Connection.__init__
+
+    def counting(self: h11.Connection, *args: Any, **kwargs: Any) -> None:
+        made[0] += 1
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(h11.Connection, "__init__", counting)
+    other = binproto.encode_request({"x": np.arange(8, dtype=np.float32)})
+    written, heads = serve([REQUEST] * 4 + [head_for(other) + bytes(other)])
+    assert heads == 2 and len(answers(written)) == 5
+    # One at the start; one after the first (read by h11); the next three
+    # known; one after the last (read by h11), before the end is read.
+    assert made[0] == 3
