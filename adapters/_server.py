@@ -956,11 +956,13 @@ REMEMBERED_HEADER_LINES = 32
 #: Most heads a server remembers at once by default (``V2Server.remembered_heads``):
 #: under 1 MiB at the very most.
 REMEMBERED_HEADS = 64
+#: Heads seen once whose hashes are kept, per head remembered.
+SEEN_PER_REMEMBERED = 16
 
 #: Headers that carry credentials: a head with one is never remembered.
-_CREDENTIALS = frozenset({b"authorization", b"proxy-authorization", b"cookie"})
+_CREDENTIALS = ("authorization", "proxy-authorization", "cookie")
 #: Headers of a head that is never remembered.
-_NOT_REMEMBERED = _CREDENTIALS | {b"transfer-encoding", b"expect", b"upgrade"}
+_NOT_REMEMBERED = (*_CREDENTIALS, "transfer-encoding", "expect", "upgrade")
 
 
 class KnownHeads:
@@ -972,19 +974,23 @@ class KnownHeads:
     h11 for nothing when the body is framed by ``Content-Length`` (read
     around h11: see :class:`BodyReader`) and no ``Expect: 100-continue``
     waits for an answer: the connection is then as it was before the head.
-    Such a head, received whole into an empty connection, is read by h11
-    once; when its bytes come again, its request (the same ``h11.Request``
-    object) is reused and h11 is not given them. As precautions, heads that
+    Such a head, received whole into an empty connection, is remembered the
+    second time h11 reads it (the first time only its hash is noted: a head
+    that never comes again, a body length new each time, costs a set entry,
+    not a kept request); when its bytes come again, its request (the same
+    ``h11.Request`` object) is reused and h11 is not given them. As precautions, heads that
     ask for a protocol switch (``Upgrade``, ``CONNECT``) or carry
     ``Transfer-Encoding`` are read each time, and heads carrying credentials
     (``Authorization``, ``Proxy-Authorization``, ``Cookie``) are never kept:
     the heads are shared by the server's connections, and a known head is
-    answered sooner. Up to ``capacity`` heads are kept (0: none).
+    answered sooner. Up to ``capacity`` heads are kept (0: none), and the
+    hashes of up to :data:`SEEN_PER_REMEMBERED` times as many seen once.
     """
 
     def __init__(self, capacity: int = REMEMBERED_HEADS) -> None:
         self.capacity = capacity
         self._requests: dict[bytes, tuple[h11.Request, HeaderFields]] = {}
+        self._seen: set[int] = set()  # hashes of heads read once
 
     def get(self, head: bytes) -> tuple[h11.Request, HeaderFields] | None:
         """The request h11 read from ``head`` before, and its fields; or None."""
@@ -996,14 +1002,18 @@ class KnownHeads:
         (:func:`~binproto.adapters.h11.fields_of`), when it qualifies.
         (The server offers only heads of at most :data:`REMEMBERED_HEAD_BYTES` bytes:
         a longer one is not copied to be looked up.)"""
-        if (
-            not self.capacity
-            or len(request.headers) > REMEMBERED_HEADER_LINES
-            or request.method == b"CONNECT"
-        ):
+        if not self.capacity:
             return
-        names = {name for name, _ in request.headers}  # (h11 gives them lowercased)
-        if b"content-length" not in names or names & _NOT_REMEMBERED:
+        seen = self._seen
+        key = hash(head)  # (computed already by the lookup that missed)
+        if key not in seen:
+            if len(seen) >= SEEN_PER_REMEMBERED * self.capacity:
+                seen.clear()
+            seen.add(key)
+            return
+        if len(request.headers) > REMEMBERED_HEADER_LINES or request.method == b"CONNECT":
+            return
+        if "content-length" not in fields or any(name in fields for name in _NOT_REMEMBERED):
             return
         known = self._requests
         if len(known) >= self.capacity:
@@ -1178,9 +1188,9 @@ class V2Server:
                 await self._send_error_and_close(stream, ResponseFramer(None), too_big)
                 return None
             if type(event) is h11.Request:
+                fields = fields_of(event)
                 # (A precaution: h11 stops where _split_at_head_end cut, so it
                 # holds nothing; were it to hold bytes, a hit would drop them.)
-                fields = fields_of(event)
                 if fresh_head is not None and not len(conn.trailing_data[0]):
                     self._heads.remember(fresh_head, event, fields)
                 return Head(event, fields, ahead)
@@ -1209,10 +1219,10 @@ class V2Server:
                     )
                     await self._send_error_and_close(stream, ResponseFramer(None), late)
                 return None
-            if not received and len(data):
+            first = not received
+            if first and len(data):
                 # The head's deadline runs from its first byte.
                 deadline = time.monotonic() + (timeouts.head or 0.0)
-            first = not received
             received += len(data)
             head, ahead = _split_at_head_end(data)
             if first and self._heads.capacity and len(head) <= REMEMBERED_HEAD_BYTES:

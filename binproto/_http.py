@@ -78,6 +78,10 @@ class HeaderFields:
         self._conflicts = conflicts
         self._claims: BodyClaims | None = None  # (see body_claims)
 
+    def __contains__(self, name: object) -> bool:
+        """True when header ``name`` (any case) is present."""
+        return isinstance(name, str) and name.lower() in self._values
+
     def get(self, name: str) -> str | None:
         """The value of header ``name`` (any case), or None when absent.
 

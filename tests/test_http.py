@@ -311,3 +311,10 @@ def test_header_fields_refuse_a_conflict_only_when_it_is_looked_up() -> None:
         fields.get("X")
     # A repeat with the same value is no conflict.
     assert binproto.HeaderFields({"a": "1", "A": "1"}).get("a") == "1"
+
+
+def test_header_fields_say_which_headers_are_present() -> None:
+    fields = binproto.HeaderFields([(b"Content-Length", b"7"), (b"X-A", b"1"), (b"x-a", b"2")])
+    assert "content-length" in fields and "Content-Length" in fields
+    assert "x-a" in fields  # present, though its values conflict
+    assert "expect" not in fields and b"content-length" not in fields

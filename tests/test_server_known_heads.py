@@ -1,4 +1,4 @@
-"""The server reads a repeated request head with h11 once (``KnownHeads``):
+"""The server reads a repeated request head with h11 twice (``KnownHeads``):
 the same answers as when h11 reads every head, and heads whose reading h11
 must see through (100-continue, chunked bodies, protocol switches,
 pipelined or split heads, big heads) are read by h11 each time."""
@@ -19,6 +19,7 @@ from binproto import HeaderFields
 from binproto.adapters._server import (
     REMEMBERED_HEAD_BYTES,
     REMEMBERED_HEADS,
+    SEEN_PER_REMEMBERED,
     KnownHeads,
     V2Server,
     echo_model,
@@ -98,16 +99,17 @@ def answers(written: bytes) -> list[bytes]:
     return out
 
 
-def test_a_repeated_head_is_read_once_and_answered_the_same() -> None:
-    written, heads = serve([REQUEST] * 3)
+def test_a_repeated_head_is_read_twice_and_answered_the_same() -> None:
+    # The first reading notes the head, the second keeps what h11 read.
+    written, heads = serve([REQUEST] * 4)
     got = answers(written)
-    assert heads == 1
+    assert heads == 2
     assert (
-        len(got) == 3
+        len(got) == 4
         and got[0].startswith(b"HTTP/1.1 200 ")
         and got[0].endswith(np.arange(16, dtype=np.float32).tobytes())
     )
-    assert got[1] == got[0] and got[2] == got[0]  # byte for byte
+    assert got[1] == got[2] == got[3] == got[0]  # byte for byte
 
 
 def test_heads_are_known_across_connections() -> None:
@@ -115,16 +117,18 @@ def test_heads_are_known_across_connections() -> None:
     first, heads = serve([REQUEST], server)
     assert heads == 1
     second, heads = serve([REQUEST], server)
-    assert heads == 0 and second == first
+    assert heads == 1 and second == first
+    third, heads = serve([REQUEST], server)
+    assert heads == 0 and third == first
 
 
 def test_a_different_body_length_is_a_different_head() -> None:
     other = binproto.encode_request({"x": np.arange(8, dtype=np.float32)})
     request = head_for(other) + bytes(other)
-    written, heads = serve([REQUEST, request, REQUEST, request])
+    written, heads = serve([REQUEST, request] * 3)
     got = answers(written)
-    assert heads == 2 and len(got) == 4
-    assert got[2] == got[0] and got[3] == got[1] and got[0] != got[1]
+    assert heads == 4 and len(got) == 6
+    assert got[4] == got[2] == got[0] and got[5] == got[3] == got[1] and got[0] != got[1]
 
 
 def _with(*lines: bytes) -> bytes:
@@ -187,17 +191,18 @@ def test_heads_h11_must_see_are_read_each_time(reads: list[bytes]) -> None:
 
 
 def test_a_pipelined_head_is_read_by_h11() -> None:
-    # The second head comes behind the first request, in the same read: the
-    # connection holds it before it is looked at. The third comes alone.
-    written, heads = serve([REQUEST * 2, REQUEST])
+    # The head is known after two readings; then it comes twice in one read:
+    # the second behind the first request, held by the connection before it
+    # is looked at, is read by h11.
+    written, heads = serve([REQUEST, REQUEST, REQUEST * 2])
     got = answers(written)
-    assert heads == 2 and len(got) == 3 and got[0] == got[1] == got[2]
+    assert heads == 3 and len(got) == 4 and got[0] == got[1] == got[2] == got[3]
 
 
 def test_a_closing_head_is_answered_and_closed_each_time() -> None:
     server = V2Server([echo_model()])
     closing = _with(b"Connection: close") + WIRE
-    for expected_heads in (1, 0):  # read by h11, then known
+    for expected_heads in (1, 1, 0):  # read by h11 twice, then known
         # The request after it on the same connection is never read.
         written, heads = serve([closing, REQUEST], server)
         got = answers(written)
@@ -215,15 +220,15 @@ def test_a_refused_head_is_refused_each_time() -> None:
 
 
 @pytest.mark.parametrize(
-    ("size", "reads"), [(REMEMBERED_HEAD_BYTES, 1), (REMEMBERED_HEAD_BYTES + 1, 2)]
+    ("size", "reads"), [(REMEMBERED_HEAD_BYTES, 2), (REMEMBERED_HEAD_BYTES + 1, 3)]
 )
 def test_heads_up_to_the_size_bound_are_known(size: int, reads: int) -> None:
     head = _with(b"X-Pad: ")
     head = _with(b"X-Pad: " + b"a" * (size - len(head)))
     assert len(head) == size
-    written, heads = serve([head + WIRE] * 2)
+    written, heads = serve([head + WIRE] * 3)
     got = answers(written)
-    assert heads == reads and len(got) == 2 and got[0] == got[1]
+    assert heads == reads and len(got) == 3 and got[0] == got[1] == got[2]
 
 
 def test_known_heads_are_bounded() -> None:
@@ -234,17 +239,39 @@ def test_known_heads_are_bounded() -> None:
     assert type(request) is h11.Request
     fields = fields_of(request)
     for i in range(REMEMBERED_HEADS):
-        known.remember(b"%d" % i, request, fields)
+        for _reading in range(2):  # noted, then kept
+            known.remember(b"%d" % i, request, fields)
     assert known.get(b"0") == known.get(b"%d" % (REMEMBERED_HEADS - 1)) == (request, fields)
-    known.remember(b"one more", request, fields)  # full: the others are forgotten
+    for _reading in range(2):
+        known.remember(b"one more", request, fields)  # full: the others are forgotten
     assert known.get(b"0") is None and known.get(b"one more") == (request, fields)
     # A request without Content-Length is never kept.
     get = h11.Connection(h11.SERVER)
     get.receive_data(b"GET /v2 HTTP/1.1\r\nHost: x\r\n\r\n")
     event = get.next_event()
     assert type(event) is h11.Request
-    known.remember(b"get", event, fields_of(event))
+    for _reading in range(2):
+        known.remember(b"get", event, fields_of(event))
     assert known.get(b"get") is None
+
+
+def test_a_head_read_once_is_only_noted() -> None:
+    # Heads that do not come again (a body length new each time) keep no
+    # request: their hashes are noted, a bounded number of them.
+    known = KnownHeads()
+    conn = h11.Connection(h11.SERVER)
+    conn.receive_data(HEAD)
+    request = conn.next_event()
+    assert type(request) is h11.Request
+    fields = fields_of(request)
+    for i in range(SEEN_PER_REMEMBERED * REMEMBERED_HEADS):
+        known.remember(b"%d" % i, request, fields)
+    assert known.get(b"0") is None and known.get(b"7") is None
+    known.remember(b"0", request, fields)  # noted before: kept
+    assert known.get(b"0") == (request, fields)
+    known.remember(b"new", request, fields)  # the notes were full: forgotten
+    known.remember(b"1", request, fields)  # noted, no longer: noted again
+    assert known.get(b"1") is None
 
 
 class Bytes(Script):
@@ -318,7 +345,8 @@ def test_a_known_head_is_served_as_h11_would_serve_it() -> None:
         unknowing._heads = _Forgetful()
         expected = _run(unknowing, reads, kind)
         knowing = V2Server([echo_model()])
-        _run(knowing, reads, kind)  # h11 reads the head; it is known if it qualifies
+        for _reading in range(2):  # h11 reads the head twice; it is known if it qualifies
+            _run(knowing, reads, kind)
         known = knowing._heads.get(head) is not None
         assert _run(knowing, reads, kind) == expected, (reads, kind)
         cases += 1
@@ -346,9 +374,9 @@ def test_a_server_remembers_as_many_heads_as_it_is_told() -> None:
     # Two heads taking turns: with room for one, each forgets the other.
     other = binproto.encode_request({"x": np.arange(8, dtype=np.float32)})
     request = head_for(other) + bytes(other)
-    for room, reads in ((1, 4), (2, 2)):
+    for room, reads in ((1, 6), (2, 4)):
         server = V2Server([echo_model()], remembered_heads=room)
-        _written, heads = serve([REQUEST, request] * 2, server)
+        _written, heads = serve([REQUEST, request] * 3, server)
         assert heads == reads
 
 
@@ -370,8 +398,9 @@ def test_a_connection_h11_read_nothing_from_serves_again(monkeypatch: pytest.Mon
 
     monkeypatch.setattr(h11.Connection, "__init__", counting)
     other = binproto.encode_request({"x": np.arange(8, dtype=np.float32)})
-    written, heads = serve([REQUEST] * 4 + [head_for(other) + bytes(other)])
-    assert heads == 2 and len(answers(written)) == 5
-    # One at the start; one after the first (read by h11); the next three
-    # known; one after the last (read by h11), before the end is read.
-    assert made[0] == 3
+    written, heads = serve([REQUEST] * 5 + [head_for(other) + bytes(other)])
+    assert heads == 3 and len(answers(written)) == 6
+    # One at the start; one after each of the first two (read by h11); none
+    # after the next three (known); one after the last (read by h11), before
+    # the end is read.
+    assert made[0] == 4
