@@ -231,13 +231,18 @@ def test_heads_up_to_the_size_bound_are_known(size: int, reads: int) -> None:
     assert heads == reads and len(got) == 3 and got[0] == got[1] == got[2]
 
 
-def test_known_heads_are_bounded() -> None:
-    known = KnownHeads()
+def _read(head: bytes) -> tuple[h11.Request, HeaderFields]:
+    """What h11 reads from ``head``, and its fields."""
     conn = h11.Connection(h11.SERVER)
-    conn.receive_data(HEAD)
+    conn.receive_data(head)
     request = conn.next_event()
     assert type(request) is h11.Request
-    fields = fields_of(request)
+    return request, fields_of(request)
+
+
+def test_known_heads_are_bounded() -> None:
+    known = KnownHeads()
+    request, fields = _read(HEAD)
     for i in range(REMEMBERED_HEADS):
         for _reading in range(2):  # noted, then kept
             known.remember(b"%d" % i, request, fields)
@@ -246,12 +251,9 @@ def test_known_heads_are_bounded() -> None:
         known.remember(b"one more", request, fields)  # full: the others are forgotten
     assert known.get(b"0") is None and known.get(b"one more") == (request, fields)
     # A request without Content-Length is never kept.
-    get = h11.Connection(h11.SERVER)
-    get.receive_data(b"GET /v2 HTTP/1.1\r\nHost: x\r\n\r\n")
-    event = get.next_event()
-    assert type(event) is h11.Request
+    get = _read(b"GET /v2 HTTP/1.1\r\nHost: x\r\n\r\n")
     for _reading in range(2):
-        known.remember(b"get", event, fields_of(event))
+        known.remember(b"get", *get)
     assert known.get(b"get") is None
 
 
@@ -259,11 +261,7 @@ def test_a_head_read_once_is_only_noted() -> None:
     # Heads that do not come again (a body length new each time) keep no
     # request: their hashes are noted, a bounded number of them.
     known = KnownHeads()
-    conn = h11.Connection(h11.SERVER)
-    conn.receive_data(HEAD)
-    request = conn.next_event()
-    assert type(request) is h11.Request
-    fields = fields_of(request)
+    request, fields = _read(HEAD)
     for i in range(SEEN_PER_REMEMBERED * REMEMBERED_HEADS):
         known.remember(b"%d" % i, request, fields)
     assert known.get(b"0") is None and known.get(b"7") is None
