@@ -15,7 +15,9 @@ neither library can avoid); the request loops answer the throughput
 benchmark's 4 KiB echo request ``--requests`` times, with no I/O: the codec
 alone (``decode_request`` + ``encode_response``), the reference server
 (``V2Server.serve_connection`` over a stream whose peer is always ready: h11,
-the server's layers and the codec) and the README's ASGI echo app::
+the server's layers and the codec; the same head each time, and a new one
+each time, which the server cannot have read before, remembering heads or
+not) and the README's ASGI echo app::
 
     python -m benchmarks.instructions            # all of them
     python -m benchmarks.instructions --chunks 50000 --decodes 200 --requests 1000
@@ -114,7 +116,13 @@ def decode_loop(mode: str, count: int) -> None:
         run()
 
 
-REQUEST_MODES = ("request-codec", "request-serve", "request-asgi")
+REQUEST_MODES = (
+    "request-codec",
+    "request-serve",
+    "request-serve-new-heads",
+    "request-serve-new-heads-none-kept",
+    "request-asgi",
+)
 
 
 class _Ready:
@@ -124,8 +132,10 @@ class _Ready:
 
     timeout: float | None = None
 
-    def __init__(self, request: bytes, count: int) -> None:
+    def __init__(self, request: bytes, count: int, *, new_heads: bool = False) -> None:
         self.request = request
+        # With new_heads, each request's Host differs: no head comes twice.
+        self.parts = request.split(b"Host: ", 1) if new_heads else None
         self.left = count
         self.written = 0
         self.status_line = b""
@@ -135,7 +145,10 @@ class _Ready:
         if not self.left:
             return b""
         self.left -= 1
-        return self.request
+        if self.parts is None:
+            return self.request
+        before, after = self.parts
+        return b"%sHost: h%d.%s" % (before, self.left, after)
 
     async def send_all(self, buffers: Sequence[Any]) -> None:
         self.written += 1
@@ -160,7 +173,7 @@ def request_loop(mode: str, count: int) -> None:
     ``V2Server.serve_connection`` (h11, the server's layers, the codec), or
     through the README's ASGI echo app; no I/O, no event loop. Each loop
     checks that the last request was answered with the echo."""
-    from binproto.adapters._server import V2Server
+    from binproto.adapters._server import REMEMBERED_HEADS, V2Server
 
     from .bench_parser import small_request
     from .floor_servers import binproto_asgi_app
@@ -203,9 +216,9 @@ def request_loop(mode: str, count: int) -> None:
             sizes.add(out.content_length - len(out.json))
         assert sizes <= {tensor_bytes}  # the tensor, echoed
 
-    def serve(n: int) -> None:
-        stream = _Ready(head + body, n)
-        _run_now(V2Server().serve_connection(stream))
+    def serve(n: int, new_heads: bool = False, remembered: int = REMEMBERED_HEADS) -> None:
+        stream = _Ready(head + body, n, new_heads=new_heads)
+        _run_now(V2Server(remembered_heads=remembered).serve_connection(stream))
         assert stream.written == n
         if n:
             assert stream.status_line == b"HTTP/1.1 200 " and stream.size > tensor_bytes
@@ -218,7 +231,13 @@ def request_loop(mode: str, count: int) -> None:
         if n:
             assert sent["status"] == 200 and sent["size"] > tensor_bytes
 
-    run = {"request-codec": codec, "request-serve": serve, "request-asgi": asgi}[mode]
+    run = {
+        "request-codec": codec,
+        "request-serve": serve,
+        "request-serve-new-heads": lambda n: serve(n, new_heads=True),
+        "request-serve-new-heads-none-kept": lambda n: serve(n, new_heads=True, remembered=0),
+        "request-asgi": asgi,
+    }[mode]
     run(count)
 
 
@@ -267,10 +286,12 @@ def main(argv: list[str] | None = None) -> int:
         f"decode 64 x 4 KiB: binproto {ours:,.0f} instructions, tritonclient {theirs:,.0f}"
         f" ({theirs / ours:.2f}x); json.loads of the header alone {header:,.0f}"
     )
-    codec, serve, asgi = (per_round(mode, args.requests) for mode in REQUEST_MODES)
+    codec, serve, new, none_kept, asgi = (per_round(mode, args.requests) for mode in REQUEST_MODES)
     print(
         f"4 KiB echo request: decode_request + encode_response {codec:,.0f} instructions;"
-        f" through V2Server.serve_connection {serve:,.0f}; through the ASGI echo app {asgi:,.0f}"
+        f" through V2Server.serve_connection {serve:,.0f} ({new:,.0f} when each request's"
+        f" head is new, {none_kept:,.0f} with remembered_heads=0); through the ASGI echo app"
+        f" {asgi:,.0f}"
     )
     return 0
 

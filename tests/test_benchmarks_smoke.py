@@ -180,6 +180,8 @@ def test_update_readme_replaces_only_the_marked_block(tmp_path: Path) -> None:
         "decode-json",
         "request-codec",
         "request-serve",
+        "request-serve-new-heads",
+        "request-serve-new-heads-none-kept",
         "request-asgi",
     ],
 )
