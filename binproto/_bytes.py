@@ -82,8 +82,14 @@ class BytesFramer:
 
     def feed(self, data: memoryview | bytes, offset: int) -> None:
         """Check ``data``, the tensor's bytes from tensor offset ``offset``
-        (``bytes`` when collecting)."""
+        (``bytes`` when collecting); bytes past the tensor's ``size`` are
+        :class:`LocalProtocolError`."""
         n = len(data)
+        if offset + n > self.size:
+            raise LocalProtocolError(
+                f"{n} bytes fed at offset {offset} of a {self.size}-byte BYTES tensor:"
+                " more than the tensor's binary_data_size"
+            )
         out = self._out
         i = 0
         if self._skip:  # the rest of an element begun in an earlier chunk
@@ -115,6 +121,7 @@ class BytesFramer:
         # Whole elements: the walk over the prefixes, with both checks of
         # _element made inline (it is called only to raise).
         unpack = _U32.unpack_from
+        append = out.append if out is not None else None
         tensor_end = self.size - offset  # where the tensor ends, in data
         last = n - 4  # where the last whole prefix of data starts
         count = self._count
@@ -123,15 +130,15 @@ class BytesFramer:
                 break
             start = i + 4
             end = start + unpack(data, i)[0]
-            if end > tensor_end:
-                self._count = count
-                self._element(end - start, offset + i)
-            if end > n:  # the element goes on in the next chunk
-                self._count = count + 1
+            if end > n:  # past this chunk, which holds no byte past the tensor
+                if end > tensor_end:
+                    self._count = count
+                    self._element(end - start, offset + i)
+                self._count = count + 1  # the element goes on in the next chunk
                 self._begin(data, start, end)
                 return
-            if out is not None:
-                out.append(data[start:end])
+            if append is not None:
+                append(data[start:end])
             i = end
         else:  # every element of the shape is read: a further prefix is one too many
             count = self.elements
@@ -199,9 +206,7 @@ class BytesDecoder:
     def feed(self, data: Any) -> list[bytes]:
         """Take the tensor's next bytes; return the elements they complete."""
         chunk = memoryview(data).cast("B").tobytes()  # the elements are slices of it
-        if self._offset + len(chunk) > self._framer.size:
-            raise LocalProtocolError("more bytes fed than the tensor's binary_data_size")
-        self._framer.feed(chunk, self._offset)
+        self._framer.feed(chunk, self._offset)  # (more bytes than the tensor's: refused)
         self._offset += len(chunk)
         return self._framer.take()
 

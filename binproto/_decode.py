@@ -111,7 +111,7 @@ def _decode_plain(
             check.feed(view[offset : offset + size], 0)
             tensors[info.name] = array_from_bytes(info, view, offset)
         offset += size
-    return DecodedMessage(header=header, tensors=tensors, shared_memory=tuple(shared))
+    return DecodedMessage(header, tensors, tuple(shared))  # positional, as in build_header
 
 
 def _decode_events(parser: Parser) -> DecodedMessage:

@@ -335,7 +335,7 @@ class Parser:
         self._header = header
         self._tensors = tensors
         self._enter(ParserState.TENSORS)
-        return HeaderParsed(header=header)
+        return HeaderParsed(header)
 
     def _read_tensors(self) -> Event | NeedData:
         assert self._tensors is not None

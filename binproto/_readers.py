@@ -396,7 +396,7 @@ class TensorReader:
             self.check.finish()
         self._enter(index + 1)
         info = tensors[index]
-        return TensorComplete(index=index, name=info.name, info=info)
+        return TensorComplete(index, info.name, info)  # positional, as TensorChunk
 
     def region(self) -> tuple[int, int, int] | None:
         """``(index, offset, count)`` of the bytes this reader takes next."""

@@ -74,7 +74,7 @@ def test_faults_at_the_same_offset_in_every_chunking(
 
 def test_misuse() -> None:
     dec = BytesDecoder(1, 5)
-    with pytest.raises(LocalProtocolError):
+    with pytest.raises(LocalProtocolError, match="more than the tensor's binary_data_size"):
         dec.feed(b"123456")
     with pytest.raises(LocalProtocolError):
         BytesDecoder(3)
@@ -210,3 +210,16 @@ def test_overrun_raises_at_the_prefix_that_claims_it() -> None:
     msg, offset = _outcome(data, 3, len(data), [9])  # type: ignore[misc]
     assert "claims 50 bytes" in msg
     assert offset == 100 + 11
+
+
+@pytest.mark.parametrize("collect", [False, True])
+def test_a_framer_refuses_bytes_past_its_tensor(collect: bool) -> None:
+    # An element that would end past the tensor inside the chunk fed is then
+    # never taken for one the next chunk goes on with.
+    data = _frame([1, 2])
+    framer = BytesFramer("t", 2, len(data) - 1, 0, collect=collect)
+    with pytest.raises(LocalProtocolError, match="3 bytes fed at offset 8"):
+        framer.feed(data[8:], 8)
+    framer.feed(data[:8], 0)
+    with pytest.raises(LocalProtocolError):
+        framer.feed(data[8:], 8)

@@ -3,6 +3,8 @@ compared by value)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 import binproto
@@ -16,6 +18,55 @@ def test_a_fixed_size_binary_tensor_is_described() -> None:
     assert (info.index, info.name, info.datatype, info.shape) == (0, "x", "FP32", (2, 3))
     assert (info.binary_size, info.nbytes, info.data, info.array) == (24, 24, None, None)
     assert not info.shared_memory and header.header_length == 90
+
+
+# build_header makes its records positionally (keywords cost a dict a call):
+# the records must be the ones the field names say, in every place a tensor
+# can be, and the field order (how a named tuple unpacks) must not move.
+TENSOR_PLACES: list[dict[str, Any]] = [
+    {"name": "b", "datatype": "INT32", "shape": [2], "parameters": {"binary_data_size": 8}},
+    {"name": "j", "datatype": "FP64", "shape": [1, 2], "data": [1.5, 2]},
+    {"name": "s", "datatype": "BOOL", "shape": [3], "parameters": {"shared_memory_region": "r"}},
+]
+
+
+def test_built_records_are_the_ones_their_field_names_say() -> None:
+    obj: dict[str, Any] = {"id": "7", "model_name": "m", "model_version": "2"}
+    obj |= {"parameters": {"p": 1}, "inputs": TENSOR_PLACES, "outputs": [{"name": "b"}]}
+    header = build_header(obj, "request", binproto.Limits(), 321)
+    b, j, s = header.tensors
+    assert b == binproto.TensorInfo(
+        index=0, name="b", datatype="INT32", shape=(2,), parameters={"binary_data_size": 8},
+        binary_size=8, data=None, nbytes=8, array=None, shared_memory=False,
+    )  # fmt: skip
+    assert j[:8] == binproto.TensorInfo(
+        index=1, name="j", datatype="FP64", shape=(1, 2), parameters={}, binary_size=None,
+        data=[1.5, 2], nbytes=16,
+    )[:8]  # fmt: skip
+    assert j.array is not None and j.array.tolist() == [[1.5, 2.0]] and not j.shared_memory
+    assert s == binproto.TensorInfo(
+        index=2, name="s", datatype="BOOL", shape=(3,), parameters={"shared_memory_region": "r"},
+        binary_size=None, data=None, nbytes=3, array=None, shared_memory=True,
+    )  # fmt: skip
+    assert header == binproto.InferenceHeader(
+        kind="request", id="7", model_name="m", model_version="2", parameters={"p": 1},
+        tensors=(b, j, s), requested_outputs=(binproto.RequestedOutput("b"),), raw=obj,
+        header_length=321,
+    )  # fmt: skip
+
+
+def test_record_fields_keep_their_order() -> None:
+    assert binproto.TensorInfo._fields == (
+        "index", "name", "datatype", "shape", "parameters", "binary_size", "data", "nbytes",
+        "array", "shared_memory",
+    )  # fmt: skip
+    assert binproto.InferenceHeader._fields == (
+        "kind", "id", "model_name", "model_version", "parameters", "tensors",
+        "requested_outputs", "raw", "header_length",
+    )  # fmt: skip
+    assert binproto.DecodedMessage._fields == ("header", "tensors", "shared_memory")
+    assert binproto.HeaderParsed._fields == ("header",)
+    assert binproto.TensorComplete._fields == ("index", "name", "info")
 
 
 def test_a_tensor_info_is_an_immutable_named_tuple() -> None:
