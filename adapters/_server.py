@@ -119,8 +119,14 @@ DISCARD_LIMIT = 256 * 1024 * 1024
 YIELD_BYTES = 1 << 20
 #: A body of at most this many bytes that has all arrived with its head is
 #: decoded whole (:func:`binproto.decode_request`): the parser's checks
-#: without its events, and one copy into memory of its own.
-WHOLE_BODY = 1 << 16
+#: without its events, and one copy into memory of its own. 64 KiB of tensor
+#: bytes and a JSON header of up to 4 KiB: a bound of 64 KiB would leave a
+#: tensor of 64 KiB (a power of two, as tensors often are) out by its header.
+WHOLE_BODY = (64 + 4) * 1024
+#: Bytes asked of the stream by the first read of a request head: a head of
+#: up to 4 KiB with a body of :data:`WHOLE_BODY` bytes behind it can come in
+#: that one read.
+HEAD_READ = WHOLE_BODY + 4 * 1024
 #: JSON headers at least this long are parsed in a worker thread when the
 #: stream offers ``to_thread``, so the event loop goes on serving meanwhile.
 THREAD_HEADER = 1 << 20
@@ -1175,8 +1181,9 @@ class V2Server:
                 stream.timeout = timeouts.write
                 await self._send_error_and_close(stream, ResponseFramer(None), remote_error(exc))
                 return None
-            # h11 only counts what it holds between reads: the reads are
-            # bounded so that it never holds more than one byte past MAX_HEAD.
+            # h11 only counts what it holds between reads: after the first
+            # read (HEAD_READ bytes), the reads are bounded so that it never
+            # holds more than that, or one byte past MAX_HEAD.
             if received > MAX_HEAD and (
                 event is h11.NEED_DATA
                 or received - len(ahead) - len(conn.trailing_data[0]) > MAX_HEAD
@@ -1208,7 +1215,8 @@ class V2Server:
             try:
                 if stream.timeout is not None and stream.timeout <= 0:
                     raise TimeoutError
-                data = await stream.receive_some(min(CHUNK, MAX_HEAD + 1 - received))
+                most = HEAD_READ if not received else min(CHUNK, MAX_HEAD + 1 - received)
+                data = await stream.receive_some(most)
             except TimeoutError:
                 if received:  # a head began: say why it is refused
                     stream.timeout = timeouts.write

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import binproto
-from binproto.adapters._server import WHOLE_BODY, BodyReader, MessageBody
+from binproto.adapters._server import WHOLE_BODY, BodyReader, MessageBody, V2Server
 from tests.helpers import make_body, normalize
 
 
@@ -233,3 +233,53 @@ def test_arrays_of_a_body_decoded_whole_are_aligned() -> None:
     for name, array in inputs.items():
         assert tensors[name].flags.aligned and tensors[name].flags.writeable
         np.testing.assert_array_equal(tensors[name], array)
+
+
+class Sent:
+    """A stream whose peer has sent ``data`` and closed: each read hands out
+    as much of it as is asked for, as a socket holding it all would."""
+
+    timeout: float | None = None
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.written = bytearray()
+
+    async def receive_some(self, max_bytes: int) -> bytes:
+        data, self.data = self.data[:max_bytes], self.data[max_bytes:]
+        return data
+
+    async def send_all(self, buffers: Any) -> None:
+        for buf in buffers:
+            self.written += bytes(buf)
+
+    async def aclose(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("nbytes", [32 * 1024, 64 * 1024])
+def test_a_64_kib_tensor_sent_at_once_is_decoded_whole(
+    monkeypatch: pytest.MonkeyPatch, nbytes: int
+) -> None:
+    # The first read of a head takes a body of WHOLE_BODY bytes with it, and a
+    # 64 KiB tensor with its JSON header is within WHOLE_BODY: no parser.
+    built: list[str] = []
+
+    class Spy(binproto.Parser):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            built.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr("binproto.adapters._server.Parser", Spy)
+    x = np.arange(nbytes // 4, dtype=np.float32)
+    body = binproto.encode_request({"x": x}, binary_data_output=True)
+    head = (
+        b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
+    ) % (body.header_length or 0, body.content_length)
+    assert body.content_length <= WHOLE_BODY
+    stream = Sent(head + bytes(body))
+    asyncio.run(V2Server().serve_connection(stream))
+    assert stream.written.startswith(b"HTTP/1.1 200 ")
+    assert x.tobytes() in stream.written  # echoed
+    assert built == []
