@@ -80,9 +80,13 @@ def _serve_raw(listener: socket.socket) -> None:
 async def _sink(request: Any) -> dict[str, Any]:
     tensors = await request.tensors()
     asm = request.body.assembler
+    if asm is None:  # a small body, decoded whole: its bytes copied once, whole
+        copied, in_place = sum(t.nbytes for t in tensors.values()), 0
+    else:
+        copied, in_place = asm.bytes_copied, asm.bytes_in_place
     return {
-        "copied": np.array([asm.bytes_copied], dtype=np.int64),
-        "in_place": np.array([asm.bytes_in_place], dtype=np.int64),
+        "copied": np.array([copied], dtype=np.int64),
+        "in_place": np.array([in_place], dtype=np.int64),
         "elements": np.array([sum(t.size for t in tensors.values())], dtype=np.int64),
     }
 
