@@ -1181,9 +1181,9 @@ class V2Server:
                 stream.timeout = timeouts.write
                 await self._send_error_and_close(stream, ResponseFramer(None), remote_error(exc))
                 return None
-            # h11 only counts what it holds between reads: after the first
-            # read (HEAD_READ bytes), the reads are bounded so that it never
-            # holds more than that, or one byte past MAX_HEAD.
+            # h11 only counts what it holds between reads: the first read of
+            # a head takes at most HEAD_READ bytes, the later ones are bounded
+            # so that h11 holds at most max(HEAD_READ, MAX_HEAD + 1) bytes.
             if received > MAX_HEAD and (
                 event is h11.NEED_DATA
                 or received - len(ahead) - len(conn.trailing_data[0]) > MAX_HEAD

@@ -51,6 +51,7 @@ from ._client import CLIENT_TIMEOUT, ClientCore, ResponseStream
 
 # The server's model API, the same for every backend.
 from ._server import (
+    HEAD_READ,
     InferenceError,
     InferRequest,
     Model,
@@ -186,7 +187,7 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
         self._on_connect = on_connect
         self._timeout = timeout
         self._target: memoryview | None = None  # the waiting receive_into's memory
-        self._want = 1 << 16  # size of a buffer made for a waiting receive_some
+        self._want = HEAD_READ  # size of a buffer made for a waiting receive_some
         self._spare: bytearray | None = None  # the buffer get_buffer made
         self._waiter: asyncio.Future[None] | None = None
         # The waiting read's deadline (loop time) and its timeout in seconds;
@@ -217,7 +218,10 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview | bytearray:
         if self._target is not None:
             return self._target
-        self._spare = bytearray(self._want if self._waiter is not None else 1 << 16)
+        # Bytes nobody asked for yet begin the next request: the room the
+        # server's first read of a request asks for (HEAD_READ), so a request
+        # that comes whole with them still can be decoded whole.
+        self._spare = bytearray(self._want if self._waiter is not None else HEAD_READ)
         return self._spare
 
     def buffer_updated(self, nbytes: int) -> None:

@@ -223,3 +223,6 @@ def test_a_framer_refuses_bytes_past_its_tensor(collect: bool) -> None:
     framer.feed(data[:8], 0)
     with pytest.raises(LocalProtocolError):
         framer.feed(data[8:], 8)
+    # The last element ends one byte past the tensor, inside the chunk.
+    with pytest.raises(LocalProtocolError, match="11 bytes fed at offset 0"):
+        BytesFramer("t", 2, len(data) - 1, 0, collect=collect).feed(data, 0)

@@ -13,7 +13,14 @@ import numpy as np
 import pytest
 
 import binproto
-from binproto.adapters._server import WHOLE_BODY, BodyReader, MessageBody, V2Server
+from binproto.adapters._server import (
+    WHOLE_BODY,
+    BodyReader,
+    MessageBody,
+    Model,
+    V2Server,
+    echo_model,
+)
 from tests.helpers import make_body, normalize
 
 
@@ -283,3 +290,57 @@ def test_a_64_kib_tensor_sent_at_once_is_decoded_whole(
     assert stream.written.startswith(b"HTTP/1.1 200 ")
     assert x.tobytes() in stream.written  # echoed
     assert built == []
+
+
+def test_a_request_that_came_while_the_server_was_busy_is_decoded_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The second request arrives while the first one's handler runs: nobody
+    # waits to read it, and the bytes kept for the next read must still hold
+    # all of it with its head (a 64 KiB buffer held the head and 64 KiB).
+    from binproto.adapters.asyncio import close_server, start_server
+
+    built: list[str] = []
+
+    class Spy(binproto.Parser):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            built.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    async def slow(request: Any) -> dict[str, Any]:
+        tensors: dict[str, Any] = await request.tensors()
+        await asyncio.sleep(0.2)
+        return tensors
+
+    x = np.arange(16384, dtype=np.float32)  # 64 KiB
+    body = binproto.encode_request({"x": x}, binary_data_output=True)
+    wire = bytes(body)
+
+    def post(model: str) -> bytes:
+        return (
+            b"POST /v2/models/%s/infer HTTP/1.1\r\nHost: x\r\n"
+            b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
+        ) % (model.encode(), body.header_length or 0, len(wire)) + wire
+
+    async def main() -> bytes:
+        server = V2Server([Model("slow", slow), echo_model()])
+        srv = await start_server(server, "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(post("slow"))
+        await asyncio.sleep(0.1)  # the slow handler has the first request
+        monkeypatch.setattr("binproto.adapters._server.Parser", Spy)
+        writer.write(post("echo"))
+        await writer.drain()
+        received = b""
+        while received.count(x.tobytes()) < 2:
+            chunk = await asyncio.wait_for(reader.read(1 << 20), 10)
+            assert chunk, received[:200]
+            received += chunk
+        writer.close()
+        await close_server(srv)
+        return received
+
+    received = asyncio.run(main())
+    assert received.startswith(b"HTTP/1.1 200 ") and received.count(b"HTTP/1.1 200 ") == 2
+    assert built == []  # the second request too was decoded whole
