@@ -90,7 +90,8 @@ def test_a_small_body_here_whole_is_decoded_whole() -> None:
     whole_tensors["x"][0] = 7.0
 
 
-def test_a_body_decoded_whole_builds_no_parser(monkeypatch: pytest.MonkeyPatch) -> None:
+def spy_parsers(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Make the server note each parser it builds from now on: their kinds."""
     built: list[str] = []
 
     class Spy(binproto.Parser):
@@ -99,6 +100,11 @@ def test_a_body_decoded_whole_builds_no_parser(monkeypatch: pytest.MonkeyPatch) 
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr("binproto.adapters._server.Parser", Spy)
+    return built
+
+
+def test_a_body_decoded_whole_builds_no_parser(monkeypatch: pytest.MonkeyPatch) -> None:
+    built = spy_parsers(monkeypatch)
     wire, hl, _ = request()
 
     async def main(with_head: bool, events: bool) -> MessageBody:
@@ -270,14 +276,7 @@ def test_a_64_kib_tensor_sent_at_once_is_decoded_whole(
 ) -> None:
     # The first read of a head takes a body of WHOLE_BODY bytes with it, and a
     # 64 KiB tensor with its JSON header is within WHOLE_BODY: no parser.
-    built: list[str] = []
-
-    class Spy(binproto.Parser):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            built.append(args[0])
-            super().__init__(*args, **kwargs)
-
-    monkeypatch.setattr("binproto.adapters._server.Parser", Spy)
+    built = spy_parsers(monkeypatch)
     x = np.arange(nbytes // 4, dtype=np.float32)
     body = binproto.encode_request({"x": x}, binary_data_output=True)
     head = (
@@ -300,13 +299,6 @@ def test_a_request_that_came_while_the_server_was_busy_is_decoded_whole(
     # all of it with its head (a 64 KiB buffer held the head and 64 KiB).
     from binproto.adapters.asyncio import close_server, start_server
 
-    built: list[str] = []
-
-    class Spy(binproto.Parser):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            built.append(args[0])
-            super().__init__(*args, **kwargs)
-
     async def slow(request: Any) -> dict[str, Any]:
         tensors: dict[str, Any] = await request.tensors()
         await asyncio.sleep(0.2)
@@ -322,14 +314,14 @@ def test_a_request_that_came_while_the_server_was_busy_is_decoded_whole(
             b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
         ) % (model.encode(), body.header_length or 0, len(wire)) + wire
 
-    async def main() -> bytes:
+    async def main() -> tuple[bytes, list[str]]:
         server = V2Server([Model("slow", slow), echo_model()])
         srv = await start_server(server, "127.0.0.1", 0)
         port = srv.sockets[0].getsockname()[1]
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(post("slow"))
         await asyncio.sleep(0.1)  # the slow handler has the first request
-        monkeypatch.setattr("binproto.adapters._server.Parser", Spy)
+        built = spy_parsers(monkeypatch)
         writer.write(post("echo"))
         await writer.drain()
         received = b""
@@ -339,8 +331,8 @@ def test_a_request_that_came_while_the_server_was_busy_is_decoded_whole(
             received += chunk
         writer.close()
         await close_server(srv)
-        return received
+        return received, built
 
-    received = asyncio.run(main())
+    received, built = asyncio.run(main())
     assert received.startswith(b"HTTP/1.1 200 ") and received.count(b"HTTP/1.1 200 ") == 2
     assert built == []  # the second request too was decoded whole
