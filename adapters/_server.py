@@ -317,6 +317,20 @@ async def write_compressed(stream: ByteStream, head: Any, batches: Iterator[list
         pending = []
 
 
+def _internal_error(exc: Exception, target: str) -> InferenceError:
+    """A fault of the server's own (a handler's) while serving ``target``:
+    logged, and answered 500."""
+    log.error("error while serving %s", target, exc_info=exc)
+    return InferenceError(f"internal error: {exc}", 500)
+
+
+def _stalled(exc: TimeoutError) -> RemoteProtocolError:
+    """The fault of a body whose bytes stopped coming (``exc``: the stream's
+    timeout)."""
+    detail = f" ({exc})" if str(exc) else ""
+    return RemoteProtocolError(f"timed out waiting for the body{detail}", status_hint=408)
+
+
 class BodyReader:
     """Reads one message body from a stream and an ``h11.Connection``.
 
@@ -399,13 +413,18 @@ class BodyReader:
     async def read(self, max_bytes: int = 1 << 62) -> Any:
         """The next piece of the body; ``b""`` at its end. ``max_bytes``
         bounds what is read in direct mode.
-        After a fault, every call raises it again."""
+        After a fault, every call raises it again; after the stream's
+        :class:`TimeoutError`, every later call raises :attr:`failed` (a 408
+        fault) at once, without waiting for the peer again."""
         if self.failed is not None:
             raise self.failed
         try:
             return await self._read(max_bytes)
         except RemoteProtocolError as exc:
             self.failed = exc
+            raise
+        except TimeoutError as exc:
+            self.failed = _stalled(exc)
             raise
 
     async def _continue(self) -> None:
@@ -494,8 +513,12 @@ class BodyReader:
         assert self.in_place and self._receive_into is not None and self._remaining is not None
         if self.failed is not None:
             raise self.failed
-        await self._continue()
-        n: int = await self._receive_into(view[: self._remaining])
+        try:
+            await self._continue()
+            n: int = await self._receive_into(view[: self._remaining])
+        except TimeoutError as exc:
+            self.failed = _stalled(exc)
+            raise
         if not n:
             self.failed = self._closed()
             raise self.failed
@@ -1212,6 +1235,8 @@ class V2Server:
                 stream.timeout = timeouts.keep_alive  # idle: closed quietly
             elif timeouts.head is not None:
                 stream.timeout = deadline - time.monotonic()
+            else:  # no bound on a head: not the keep-alive or write timeout either
+                stream.timeout = None
             try:
                 if stream.timeout is not None and stream.timeout <= 0:
                     raise TimeoutError
@@ -1311,16 +1336,14 @@ class V2Server:
             _release(exc, reader.failed)
             return _carry(await self._error(stream, framer, exc, reader, timeouts), reader)
         except TimeoutError as exc:
-            _release(exc, reader.failed)
             if framer.our_state is not h11.SEND_RESPONSE:
+                _release(exc, reader.failed)
                 return None  # the peer stopped taking the response: close
-            # The body stalled: answer without waiting for it any more.
-            reader.failed = RemoteProtocolError(
-                f"timed out waiting for the request body (no bytes within {timeouts.body} s)",
-                status_hint=408,
-            )
-            keep = await self._error(stream, framer, reader.failed, reader, timeouts)
-            return _carry(keep, reader)
+            # The body stalled (the reader's 408 fault): answer without waiting
+            # for it any more. Any other timeout is the handler's own.
+            fault = reader.failed if reader.failed is not None else _internal_error(exc, target)
+            _release(exc, reader.failed)
+            return _carry(await self._error(stream, framer, fault, reader, timeouts), reader)
         except (BrokenPipeError, ConnectionResetError) as exc:
             # The peer went away (reset mid-body, or closed while the response
             # was going out): nobody to answer, and not a fault of the server.
@@ -1328,9 +1351,8 @@ class V2Server:
             _release(exc, reader.failed)
             return None
         except Exception as exc:  # a handler failed: the server's fault
-            log.exception("error while serving %s", target)
+            failure = _internal_error(exc, target)
             _release(exc, reader.failed)
-            failure = InferenceError(f"internal error: {exc}", 500)
             return _carry(await self._error(stream, framer, failure, reader, timeouts), reader)
         await stream.send_all([p for p in pieces if p])
         return _carry(framer.reusable, reader)
@@ -1407,12 +1429,14 @@ class V2Server:
             if (
                 not body.complete
                 and not body.failed
+                and reader.failed is None
                 and remaining is not None
                 and remaining <= DISCARD_LIMIT
             ):
                 # A fault in the body comes first, whatever the handler said;
                 # but a body too big to read for it (a claim the server could
-                # not allocate, say) is refused with the handler's answer now.
+                # not allocate, say) is refused with the handler's answer now,
+                # and one that stalled (the reader's fault) is not waited for again.
                 await body.drain()
             raise
         if not body.complete:

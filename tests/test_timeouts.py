@@ -21,7 +21,7 @@ import trio
 import binproto
 from binproto import LocalProtocolError
 from binproto.adapters import trio as bt
-from binproto.adapters._server import Timeouts, V2Server
+from binproto.adapters._server import Model, Timeouts, V2Server
 from binproto.adapters.asyncio import close_server, start_server
 from binproto.adapters.h11 import request_for, send_message
 
@@ -189,15 +189,101 @@ def test_a_dripped_head_is_cut_at_its_deadline(backend: str) -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_stalled_body_is_answered_408(backend: str) -> None:
+    # The echo model's handler is waiting for the tensors when the body
+    # stalls: answered after one body timeout, not a second one (the rest of
+    # the body is not waited for again).
     wire = _request(np.zeros(1000, dtype=np.float32))
-    with serving(backend, Timeouts(keep_alive=5, head=5, body=0.3, write=5)) as port:
+    with serving(backend, Timeouts(keep_alive=5, head=5, body=0.5, write=5)) as port:
         with _connect(port) as sock:
             sock.sendall(wire[:-100])
             start = time.monotonic()
             received = _until_closed(sock)
-            assert time.monotonic() - start < 3
+            elapsed = time.monotonic() - start
     assert received.startswith(b"HTTP/1.1 408 "), received[:200]
-    assert b"request body" in received and b"Connection: close" in received
+    assert b"timed out waiting for the body" in received and b"Connection: close" in received
+    assert 0.5 <= elapsed < 0.9
+
+
+class _Scripted:
+    """A ByteStream that hands out ``pieces``, one read each, then times out
+    every wait, noting the timeout the server had set for it; what the
+    server sends is kept in ``sent``."""
+
+    def __init__(self, *pieces: bytes) -> None:
+        self.pieces = list(pieces)
+        self.timeout: float | None = None
+        self.waits: list[float | None] = []
+        self.sent = bytearray()
+
+    async def receive_some(self, max_bytes: int) -> bytes:
+        if not self.pieces:
+            self.waits.append(self.timeout)
+            raise TimeoutError(f"no bytes from the peer within {self.timeout} s")
+        piece = self.pieces.pop(0)
+        if len(piece) > max_bytes:
+            self.pieces.insert(0, piece[max_bytes:])
+        return piece[:max_bytes]
+
+    async def send_all(self, buffers: Any) -> None:
+        for buffer in buffers:
+            self.sent += buffer
+
+    async def aclose(self) -> None:
+        pass
+
+
+class _ScriptedInPlace(_Scripted):
+    """:class:`_Scripted` that also receives into the caller's memory."""
+
+    async def receive_into(self, view: memoryview) -> int:
+        data = await self.receive_some(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+
+@pytest.mark.parametrize("stream_type", [_Scripted, _ScriptedInPlace])
+def test_a_body_that_stalls_in_the_handler_is_waited_for_once(
+    stream_type: type[_Scripted],
+) -> None:
+    # The handler's tensors() times out on the body; the server then answers
+    # 408 at once: it does not wait for the rest of the body a second time
+    # (which kept the half-read request, and the client, for two timeouts).
+    wire = _request(np.zeros(1000, dtype=np.float32))
+    stream = stream_type(wire[:-100])
+    server = V2Server(timeouts=Timeouts(keep_alive=1, head=2, body=3, write=4))
+    asyncio.run(server.serve_connection(stream))
+    assert stream.waits == [3]
+    assert stream.sent.startswith(b"HTTP/1.1 408 "), bytes(stream.sent[:200])
+    assert b"timed out waiting for the body (no bytes from the peer within 3 s)" in stream.sent
+
+
+def test_a_handlers_own_timeout_is_a_500_not_a_408(caplog: pytest.LogCaptureFixture) -> None:
+    async def deadline(request: Any) -> Any:
+        await request.tensors()  # the whole body is in
+        raise TimeoutError("the model's own deadline")
+
+    body = binproto.encode_request({"x": np.zeros(4, dtype=np.float32)})
+    conn = h11.Connection(h11.CLIENT)
+    wire = b"".join(
+        bytes(p) for p in send_message(conn, request_for("/v2/models/slow/infer", body), body)
+    )
+    stream = _Scripted(wire)
+    server = V2Server([Model("slow", deadline)], timeouts=Timeouts(keep_alive=1, head=2, body=3))
+    asyncio.run(server.serve_connection(stream))
+    assert stream.sent.startswith(b"HTTP/1.1 500 "), bytes(stream.sent[:200])
+    assert b"internal error: the model's own deadline" in stream.sent
+    assert "error while serving /v2/models/slow/infer" in caplog.text
+    assert "TimeoutError: the model's own deadline" in caplog.text
+    assert stream.waits == [1]  # then idle: the connection was kept
+
+
+def test_no_head_timeout_leaves_a_begun_head_unbounded() -> None:
+    # Timeouts(head=None): the rest of a head is waited for without a bound,
+    # not with the keep-alive timeout left from the wait for its first bytes.
+    stream = _Scripted(b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n")
+    server = V2Server(timeouts=Timeouts(keep_alive=1, head=None, body=3, write=4))
+    asyncio.run(server.serve_connection(stream))
+    assert stream.waits == [None]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
