@@ -87,10 +87,11 @@ class TensorAssembler:
         self.tensors: dict[str, np.ndarray[Any, Any]] = {}
         #: Names of tensors that live in shared memory.
         self.shared_memory: list[str] = []
-        self._targets: dict[int, memoryview] = {}
-        self._arrays: dict[int, np.ndarray[Any, Any]] = {}
-        self._own: set[int] = set()  # tensors in memory the assembler allocated
-        self._bases: dict[int, int] = {}  # address of each target's first byte
+        # Tensors begun and not complete: index -> (the bytes chunks are copied
+        # into, the array they make: the destination, or over memory the
+        # assembler allocated, which for BYTES is the framed bytes themselves).
+        self._open: dict[int, tuple[memoryview, np.ndarray[Any, Any]]] = {}
+        self._bases: dict[int, int] = {}  # address of an open target's first byte
         #: Tensor bytes copied from chunks into tensor memory.
         self.bytes_copied = 0
         #: Tensor bytes that arrived already in place (see :meth:`target`): not copied.
@@ -104,9 +105,8 @@ class TensorAssembler:
         """Take one event from the parser."""
         if type(event) is TensorChunk:
             index, _, offset, data = event
-            target = self._targets.get(index)
-            if target is None:
-                target = self._allocate(index)
+            tensor = self._open.get(index)
+            target = tensor[0] if tensor is not None else self._allocate(index)[0]
             n = len(data)
             # A writable chunk may be the target itself, filled by the caller's
             # recv_into (see target()); then there is nothing to copy. Only a
@@ -138,10 +138,10 @@ class TensorAssembler:
         Only slices of the returned ``memoryview`` are recognized; a chunk
         from any other object is copied.
         """
-        target = self._targets.get(index)
-        return target if target is not None else self._allocate(index)
+        tensor = self._open.get(index)
+        return (tensor if tensor is not None else self._allocate(index))[0]
 
-    def _allocate(self, index: int) -> memoryview:
+    def _allocate(self, index: int) -> tuple[memoryview, np.ndarray[Any, Any]]:
         if self.header is None:
             raise LocalProtocolError("TensorAssembler got a TensorChunk before HeaderParsed")
         info = self.header.tensors[index]
@@ -149,7 +149,7 @@ class TensorAssembler:
         if array is None:
             size = info.binary_size or 0
             try:
-                array = np.empty(size, dtype=np.uint8)
+                buffer = np.empty(size, dtype=np.uint8)
             except MemoryError:
                 # A size within the limits, but more memory than the system
                 # grants (possible when the body's length is not known up front).
@@ -158,20 +158,20 @@ class TensorAssembler:
                     status_hint=413,
                     offset=None,
                 ) from None
-            self._own.add(index)
-            target = array.data
+            # Its array over it now; BYTES stays bytes until complete (then split).
+            array = buffer if info.datatype == "BYTES" else array_from_bytes(info, buffer)
+            tensor = (buffer.data, array)
         else:
-            target = array.reshape(-1).view(np.uint8).data
-        self._arrays[index] = array
-        self._targets[index] = target
-        return target
+            tensor = (array.reshape(-1).view(np.uint8).data, array)
+        self._open[index] = tensor
+        return tensor
 
     def _base(self, index: int) -> int:
         """Address of the first byte of tensor ``index``'s target (looked up
         once, when a chunk may be the target itself)."""
         base = self._bases.get(index)
         if base is None:
-            base = self._bases[index] = _address(self._targets[index])
+            base = self._bases[index] = _address(self._open[index][0])
         return base
 
     def _destination(self, info: TensorInfo) -> np.ndarray[Any, Any] | None:
@@ -215,12 +215,10 @@ class TensorAssembler:
                 self.tensors[info.name] = info.array
             return
         index = info.index
-        if index not in self._arrays:
+        if index not in self._open:
             self._allocate(index)  # zero-size tensors have no chunks
-        array = self._arrays.pop(index)
-        del self._targets[index]
+        _, array = self._open.pop(index)
         self._bases.pop(index, None)
-        if index in self._own:
-            self._own.discard(index)
+        if info.datatype == "BYTES":  # the framed bytes, split into elements now
             array = array_from_bytes(info, array)
         self.tensors[info.name] = array

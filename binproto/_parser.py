@@ -12,7 +12,7 @@ back to back, in header order. The parser is a small state machine:
 
 ``receive_data()`` only queues: every byte stays in the caller's buffer, held
 as a ``memoryview`` in the :class:`~binproto._readers.ChunkQueue`.
-``next_event()`` runs the reader of the current state (``READERS``), which
+``next_event()`` runs the reader of the current state (set with the state), which
 takes bytes from the queue and returns one event, returns ``NEED_DATA``, or
 raises. Each call does a bounded amount of work and changes state only as far
 as the event it returns, so events come out one at a time however the body
@@ -144,7 +144,7 @@ class Parser:
         self.limits = limits if limits is not None else DEFAULT_LIMITS
         self.strict_bool = strict_bool
         self._state = ParserState.HEADER
-        # The current state's reader (looked up once per change of state).
+        # The current state's reader (None in DONE and ERROR, which have none).
         self._reader: Callable[[Parser], Event | NeedData] | None = Parser._read_header
         self._error: BaseException | None = None
         # A fault of the peer's found here (an unsupported coding) is raised
@@ -298,9 +298,13 @@ class Parser:
             if type(event) is MessageComplete:
                 return
 
-    def _enter(self, state: ParserState) -> None:
+    def _enter(
+        self, state: ParserState, reader: Callable[[Parser], Event | NeedData] | None = None
+    ) -> None:
+        # The reader comes with the state: a lookup by state would hash an
+        # enum member, a Python-level call, on every change of state.
         self._state = state
-        self._reader = READERS.get(state)
+        self._reader = reader
 
     def _fail(self, exc: BaseException) -> NoReturn:
         # Not only the peer's faults: whatever stopped the parser midway, it
@@ -334,7 +338,7 @@ class Parser:
         )
         self._header = header
         self._tensors = tensors
-        self._enter(ParserState.TENSORS)
+        self._enter(ParserState.TENSORS, Parser._read_tensors)
         return HeaderParsed(header)
 
     def _read_tensors(self) -> Event | NeedData:
@@ -342,7 +346,7 @@ class Parser:
         event = self._tensors.read(self._queue)
         if event is not None:
             return event
-        self._enter(ParserState.END)
+        self._enter(ParserState.END, Parser._read_end)
         return self._read_end()
 
     def _read_end(self) -> Event | NeedData:
@@ -364,11 +368,3 @@ class Parser:
             self.limits,
             raw=self._raw_input is not None,
         )
-
-
-#: The reader of each state that has one (DONE and ERROR have none).
-READERS: dict[ParserState, Callable[[Parser], Event | NeedData]] = {
-    ParserState.HEADER: Parser._read_header,
-    ParserState.TENSORS: Parser._read_tensors,
-    ParserState.END: Parser._read_end,
-}

@@ -83,7 +83,7 @@ class ChunkQueue:
 
     def has_data(self) -> bool:
         """True when a byte is queued, decompressing one step if need be."""
-        return bool(self._chunks) or self._refill()
+        return bool(self._chunks) or (self.source is not None and self._refill())
 
     @property
     def waiting(self) -> bool:
@@ -416,6 +416,10 @@ class TensorReader:
         )
 
 
+# The one MessageComplete: it has no fields, so every parser can return the same.
+_MESSAGE_COMPLETE = MessageComplete()
+
+
 def read_end(queue: ChunkQueue, position: int, length: int | None) -> MessageComplete | NeedData:
     """MessageComplete once the body is known to end at ``position``, where
     the last tensor ended (``length``: the body's length, when known)."""
@@ -423,6 +427,6 @@ def read_end(queue: ChunkQueue, position: int, length: int | None) -> MessageCom
         raise RemoteProtocolError(
             "unexpected additional input data after the end of the message", offset=position
         )
-    if queue.ended or position == length:
-        return MessageComplete()
+    if position == length or queue.ended:
+        return _MESSAGE_COMPLETE
     return NEED_DATA
