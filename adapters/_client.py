@@ -39,6 +39,7 @@ from .h11 import (
     HTTPError,
     error_message,
     fields_of,
+    infer_path,
     remote_error,
     request_for,
     send_body,
@@ -98,6 +99,34 @@ def _closes(response: h11.Response) -> bool:
     tokens = header_value(list(response.headers), "connection") or ""
     closing = any(t.strip() == "close" for t in tokens.lower().split(","))
     return closing or response.http_version != b"1.1"
+
+
+def _drop_locals(exc: BaseException) -> None:
+    """Clear the locals of binproto's own finished frames in the traceback of
+    ``exc`` and of the exceptions chained to it; the traceback stays.
+
+    A failed response's arrays live in those locals, and the body reader and
+    the parser keep the fault, which their frames reach: a reference cycle
+    that would hold the arrays until the garbage collector runs, not free
+    them as the caller lets go of the error. The caller's frames, and frames
+    still running, are left alone.
+    """
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [exc]
+    while stack:
+        fault = stack.pop()
+        if fault is None or id(fault) in seen:
+            continue
+        seen.add(id(fault))
+        tb = fault.__traceback__
+        while tb is not None:
+            frame = tb.tb_frame
+            module = str(frame.f_globals.get("__name__", ""))
+            if module == "binproto" or module.startswith("binproto."):
+                with contextlib.suppress(RuntimeError):  # a frame still running
+                    frame.clear()
+            tb = tb.tb_next
+        stack += (fault.__cause__, fault.__context__)
 
 
 #: zlib's level for compressed requests: tensor bytes compress little at any
@@ -187,16 +216,16 @@ class ClientCore:
                 raise binproto.RemoteProtocolError("the server closed the connection")
 
     async def get(self, path: str) -> tuple[int, bytes]:
-        """A GET request: the status and the (small) body."""
+        """A GET request: the status and the (small) body. ``path`` is sent
+        as it is (quote what needs quoting)."""
+        try:
+            head = request_for(path, None, host=self._host, method="GET")
+        except h11.LocalProtocolError as exc:
+            raise LocalProtocolError(f"cannot send GET {path!r}: {exc}") from None
         stream, conn = await self._connection()
         try:
-            await stream.send_all(
-                [
-                    conn.send(request_for(path, None, host=self._host, method="GET")),
-                    conn.send(h11.EndOfMessage()),
-                ]
-            )
-            head = await self._head(stream, conn)
+            await stream.send_all([conn.send(head), conn.send(h11.EndOfMessage())])
+            response = await self._head(stream, conn)
             data = await self._small_body(stream, conn)
         except BaseException:
             await self.aclose()
@@ -207,7 +236,7 @@ class ClientCore:
             # call opens a new connection.
             self._stream_to_close = False
             await self.aclose()
-        return head.status_code, data
+        return response.status_code, data
 
     async def _small_body(self, stream: ByteStream, conn: h11.Connection) -> bytes:
         reader = BodyReader(stream, conn, None, receive_in_place=False)
@@ -254,14 +283,15 @@ class ClientCore:
             id=id,
             binary=binary,
         )
-        path = f"/v2/models/{model}"
-        if model_version is not None:
-            path += f"/versions/{model_version}"
+        if not isinstance(model, str) or not isinstance(model_version, (str, type(None))):
+            raise LocalProtocolError("model and model_version must be strings")
+        path = infer_path(model, model_version)
         stream, conn = await self._connection()
         ok = False
+        result: ResponseStream | None = None
         try:
             try:
-                await self._send_request(stream, conn, path + "/infer", body)
+                await self._send_request(stream, conn, path, body)
             except ConnectionError as exc:
                 await self._raise_early_answer(stream, conn, exc)
             response = await self._head(stream, conn)
@@ -287,6 +317,13 @@ class ClientCore:
                 self._conn = h11.Connection(h11.CLIENT)
                 self._stream_to_close = _closes(response)
                 ok = True
+        except BaseException as exc:
+            # The fault keeps frames that reach the response (the caller's
+            # ``infer`` frame, say): its arrays go now, not when it is collected.
+            _drop_locals(exc)
+            if result is not None:
+                result.body.release()
+            raise
         finally:
             if not ok or self._stream_to_close:
                 self._stream_to_close = False

@@ -442,11 +442,12 @@ class BodyReader:
         if self.direct:
             return await self._read_direct(max_bytes)
         conn = self._conn
+        closed = False
         while True:
             try:
                 event = conn.next_event()
             except h11.RemoteProtocolError as exc:
-                raise remote_error(exc) from None
+                raise (self._closed() if closed else remote_error(exc)) from None
             if type(event) is h11.Data:
                 if self._remaining is not None:
                     self._remaining -= len(event.data)
@@ -454,11 +455,13 @@ class BodyReader:
             if type(event) is h11.EndOfMessage:
                 self.done = True
                 return b""
-            if event is not h11.NEED_DATA:
+            if event is not h11.NEED_DATA or closed:
                 raise RemoteProtocolError(f"unexpected HTTP event {type(event).__name__}")
             data = await self._stream.receive_some(CHUNK)
             if not len(data):
-                raise self._closed()
+                # The peer closed: the end of a response framed by the close
+                # (neither a length nor chunks), else a body cut short (h11 says).
+                closed = True
             conn.receive_data(data)
 
     async def finish(self) -> None:
@@ -596,6 +599,7 @@ class MessageBody:
         self._whole: memoryview | None = None
         self._decoded: dict[str, np.ndarray[Any, Any]] | None = None
         self._taken_whole = False
+        self._tensors: dict[str, np.ndarray[Any, Any]] | None = None  # what tensors() returned
 
     @property
     def parser(self) -> Parser:
@@ -637,6 +641,14 @@ class MessageBody:
         return self._taken_whole or (
             parser is not None and parser.state is binproto.ParserState.DONE
         )
+
+    def release(self) -> None:
+        """Let go of the body's tensor memory (its parser, assembler and
+        arrays): what a reader that failed calls, so that the arrays go now,
+        not when the fault that references this body is collected."""
+        self._parser = None
+        self.assembler = None
+        self._whole = self._decoded = self._tensors = None
 
     def _take_whole(self) -> None:
         """A body decoded whole is taken whole: no events are left."""
@@ -756,13 +768,19 @@ class MessageBody:
         ``destinations`` is as for :class:`binproto.TensorAssembler`. When the
         stream allows it, tensor bytes are received straight into the tensors'
         memory, with no copy (``assembler.bytes_in_place`` counts them).
-        Call it before taking any tensor event with :meth:`next_event`.
+        Call it before taking any tensor event with :meth:`next_event`. A
+        second call returns the same arrays (without ``destinations``).
         """
+        if self._tensors is not None:
+            if destinations is not None:
+                raise LocalProtocolError("tensors() was called already: destinations come too late")
+            return self._tensors
         if self._tensor_events:
             raise LocalProtocolError("tensors() needs every tensor event; some were taken")
         decoded = self._decoded
         if decoded is not None and destinations is None:
             self._take_whole()
+            self._tensors = decoded
             return decoded
         self._to_parser()
         asm = TensorAssembler(destinations)
@@ -797,6 +815,7 @@ class MessageBody:
             asm.feed(event)
             if self._checkpoint is not None and type(event) is TensorChunk:
                 await self._pause(len(event.data))
+        self._tensors = asm.tensors
         return asm.tensors
 
     async def _pause(self, n: int) -> None:

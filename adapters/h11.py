@@ -31,6 +31,7 @@ import json
 import socket
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import quote
 
 try:
     import h11
@@ -61,6 +62,7 @@ __all__ = [
     "fields_of",
     "has_both_lengths",
     "header_rest",
+    "infer_path",
     "json_response",
     "parser_for",
     "receive_body_into",
@@ -381,6 +383,14 @@ def _header_list(
     return headers
 
 
+def infer_path(model_name: str, model_version: str | None = None) -> str:
+    """The path of a model's V2 inference endpoint (names are URL-quoted)."""
+    path = f"/v2/models/{quote(model_name, safe='')}"
+    if model_version:
+        path += f"/versions/{quote(model_version, safe='')}"
+    return path + "/infer"
+
+
 def request_for(
     target: str,
     body: EncodedBody | None,
@@ -480,7 +490,7 @@ def error_message(status: int, body: bytes) -> HTTPError:
     message = body.decode("utf-8", "replace")
     try:
         obj = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past Python's stack
         pass
     else:
         if isinstance(obj, dict) and isinstance(obj.get("error"), str):

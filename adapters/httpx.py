@@ -29,7 +29,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any, cast
-from urllib.parse import quote
 
 try:
     import httpx
@@ -50,7 +49,7 @@ from binproto import (
 from binproto._assemble import Destinations
 from binproto._compression import ENCODINGS
 from binproto._util import as_byte_view
-from binproto.adapters.h11 import HTTPError, error_message
+from binproto.adapters.h11 import HTTPError, error_message, infer_path
 
 if TYPE_CHECKING:
     from binproto import EncodedBody
@@ -82,14 +81,6 @@ ACCEPT_ENCODING = ", ".join(ENCODINGS)
 
 #: Most bytes of an error response body read into memory.
 MAX_ERROR_BODY = 1 << 20
-
-
-def infer_path(model_name: str, model_version: str | None = None) -> str:
-    """The path of a model's V2 inference endpoint (names are URL-quoted)."""
-    path = f"/v2/models/{quote(model_name, safe='')}"
-    if model_version:
-        path += f"/versions/{quote(model_version, safe='')}"
-    return path + "/infer"
 
 
 def request_content(body: EncodedBody, chunk_size: int = CHUNK_SIZE) -> Iterator[memoryview]:

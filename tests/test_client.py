@@ -1,0 +1,208 @@
+"""The V2 client core (adapters/_client.py) against canned responses from a
+socket server: framing by close, error bodies, paths, and what a failed
+response leaves behind. Run through the asyncio client, both transports."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import weakref
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import numpy as np
+import pytest
+
+import binproto
+from binproto import LocalProtocolError, RemoteProtocolError
+from binproto.adapters.asyncio import Client
+from binproto.adapters.h11 import HTTPError, error_message
+
+
+def _response(outputs: dict[str, Any]) -> tuple[bytes, int]:
+    """An encoded V2 response body and its JSON header's length."""
+    body = binproto.encode_response(outputs, model_name="m")
+    assert body.header_length is not None
+    return bytes(body), body.header_length
+
+
+@asynccontextmanager
+async def _canned(answer: Callable[[bytes], bytes]) -> AsyncIterator[tuple[int, list[bytes]]]:
+    """A server that reads one request, writes ``answer(request head)`` and
+    closes; yields its port and the heads it read."""
+    heads: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        heads.append(head)
+        length = 0
+        for line in head.split(b"\r\n"):
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        await reader.readexactly(length)
+        writer.write(answer(head))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1], heads
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def _run(main: Callable[[], Any]) -> Any:
+    return asyncio.run(main())
+
+
+X = np.arange(6, dtype=np.float32)
+
+
+@pytest.mark.parametrize("zero_copy", [True, False])
+def test_a_response_framed_by_the_close_is_read(zero_copy: bool) -> None:
+    # No Content-Length and no chunks: the body ends where the server closes.
+    body, hl = _response({"y": X})
+    head = b"HTTP/1.1 200 OK\r\nInference-Header-Content-Length: %d\r\n\r\n" % hl
+
+    async def main() -> None:
+        async with _canned(lambda _: head + body) as (port, _):
+            async with Client("127.0.0.1", port, zero_copy=zero_copy) as c:
+                out = await c.infer("m", {"x": X})
+        assert np.array_equal(out["y"], X)
+
+    _run(main)
+
+
+@pytest.mark.parametrize("zero_copy", [True, False])
+def test_an_error_framed_by_the_close_keeps_its_message(zero_copy: bool) -> None:
+    answer = b'HTTP/1.1 500 Oops\r\n\r\n{"error": "the model failed"}'
+
+    async def main() -> None:
+        async with _canned(lambda _: answer) as (port, _):
+            async with Client("127.0.0.1", port, zero_copy=zero_copy) as c:
+                with pytest.raises(HTTPError) as info:
+                    await c.infer("m", {"x": X})
+        assert info.value.status == 500 and info.value.message == "the model failed"
+
+    _run(main)
+
+
+@pytest.mark.parametrize("zero_copy", [True, False])
+def test_a_body_cut_short_before_the_close_is_still_refused(zero_copy: bool) -> None:
+    body, hl = _response({"y": X})
+    head = b"HTTP/1.1 200 OK\r\nInference-Header-Content-Length: %d\r\n" % hl
+    chunked = head + b"Transfer-Encoding: chunked\r\n\r\n%x\r\n" % len(body) + body[:-3]
+
+    async def main() -> None:
+        async with _canned(lambda _: chunked) as (port, _):
+            async with Client("127.0.0.1", port, zero_copy=zero_copy) as c:
+                with pytest.raises(RemoteProtocolError, match="closed the connection"):
+                    await c.infer("m", {"x": X})
+
+    _run(main)
+
+
+def test_a_deeply_nested_error_body_is_an_http_error() -> None:
+    nested = b"[" * 100_000
+    assert error_message(500, nested).message == nested.decode()
+    answer = b"HTTP/1.1 500 Oops\r\nContent-Length: %d\r\n\r\n" % len(nested) + nested
+
+    async def main() -> None:
+        async with _canned(lambda _: answer) as (port, _):
+            async with Client("127.0.0.1", port) as c:
+                with pytest.raises(HTTPError) as info:
+                    await c.infer("m", {"x": X})
+        assert info.value.status == 500
+
+    _run(main)
+
+
+@pytest.mark.parametrize(
+    ("model", "version", "target"),
+    [
+        ("m/versions/7", None, b"/v2/models/m%2Fversions%2F7/infer"),
+        ("a b", "1 2", b"/v2/models/a%20b/versions/1%202/infer"),
+        ("caf\u00e9", None, b"/v2/models/caf%C3%A9/infer"),
+        ("m?x=1#f", None, b"/v2/models/m%3Fx%3D1%23f/infer"),
+    ],
+)
+def test_model_names_and_versions_are_quoted(
+    model: str, version: str | None, target: bytes
+) -> None:
+    body, hl = _response({"y": X})
+    answer = (
+        b"HTTP/1.1 200 OK\r\nInference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
+        % (hl, len(body))
+        + body
+    )
+
+    async def main() -> None:
+        async with _canned(lambda _: answer) as (port, heads):
+            async with Client("127.0.0.1", port) as c:
+                await c.infer(model, {"x": X}, model_version=version)
+        assert heads[0].startswith(b"POST " + target + b" HTTP/1.1\r\n")
+
+    _run(main)
+
+
+def test_a_path_h11_cannot_send_is_a_local_protocol_error() -> None:
+    async def main() -> None:
+        async with Client("127.0.0.1", 9) as c:  # refused before any connection
+            with pytest.raises(LocalProtocolError, match="cannot send GET"):
+                await c.get("/v2/models/a b")
+
+    _run(main)
+
+
+@pytest.mark.parametrize("zero_copy", [True, False])
+def test_a_failed_response_lets_go_of_its_arrays_at_once(zero_copy: bool) -> None:
+    # The server closes 10 bytes short of an 8 MiB output: once the caller
+    # drops the error, the output's memory is free, without the collector.
+    big = np.zeros(2 << 20, dtype=np.int32)
+    body, hl = _response({"y": big})
+    head = b"HTTP/1.1 200 OK\r\nInference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
+    answer = head % (hl, len(body)) + body[:-10]
+    made: list[weakref.ref[np.ndarray[Any, Any]]] = []
+
+    def destination(info: binproto.TensorInfo) -> np.ndarray[Any, Any]:
+        array = np.empty(info.shape, dtype=info.dtype)
+        made.append(weakref.ref(array))
+        return array
+
+    async def main() -> None:
+        async with _canned(lambda _: answer) as (port, _):
+            async with Client("127.0.0.1", port, zero_copy=zero_copy) as c:
+                try:
+                    await c.infer("m", {"x": X}, destinations=destination)
+                except RemoteProtocolError as exc:
+                    assert "closed the connection" in str(exc)
+                else:
+                    raise AssertionError("a body cut short was taken")
+
+    gc.disable()
+    try:
+        _run(main)
+        assert len(made) == 1 and made[0]() is None
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("size", [6, 100_000])  # decoded whole, and through the parser
+def test_tensors_twice_gives_the_same_arrays(size: int) -> None:
+    body, hl = _response({"y": np.arange(size, dtype=np.float32)})
+    head = b"HTTP/1.1 200 OK\r\nInference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
+
+    async def main() -> None:
+        async with _canned(lambda _: head % (hl, len(body)) + body) as (port, _):
+            async with Client("127.0.0.1", port) as c:
+                async with c.stream("m", {"x": X}) as response:
+                    first = await response.tensors()
+                    assert await response.tensors() is first
+                    with pytest.raises(LocalProtocolError, match="destinations come too late"):
+                        await response.tensors({"y": np.empty(size, np.float32)})
+        assert first["y"].shape == (size,)
+
+    _run(main)
