@@ -81,6 +81,13 @@ class TensorAssembler:
     """
 
     def __init__(self, destinations: Destinations = None) -> None:
+        if not (
+            destinations is None or isinstance(destinations, Mapping) or callable(destinations)
+        ):
+            raise LocalProtocolError(
+                "destinations must be a mapping of name to array, a callable or None,"
+                f" got {type(destinations).__name__}"
+            )
         self._destinations = destinations
         self.header: InferenceHeader | None = None
         #: Complete tensors by name.

@@ -561,7 +561,9 @@ def _binary_choice(binary: Any, prepared: list[_Prepared], role: str) -> list[bo
     if isinstance(binary, (str, bytes)) or not isinstance(binary, Collection):
         raise _fail(f"binary must be True, False or a set of {role} names, got {binary!r}")
     names = {p.name for p in prepared}
-    unknown = sorted(str(n) for n in binary if n not in names)
+    if not all(isinstance(n, str) for n in binary):
+        raise _fail(f"binary must be True, False or a set of {role} names, got {binary!r}")
+    unknown = sorted(n for n in binary if n not in names)
     if unknown:
         raise _fail(f"binary names {unknown} are not {role}s being encoded")
     return [p.name in binary for p in prepared]

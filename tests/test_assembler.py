@@ -108,6 +108,12 @@ def test_bad_destinations_are_local_errors(bad: np.ndarray[Any, Any]) -> None:
         _assemble(body, hl, [body], TensorAssembler({"f": bad}))
 
 
+@pytest.mark.parametrize("bad", [[1, 2], "f", 3])
+def test_destinations_of_another_kind_are_a_local_error(bad: Any) -> None:
+    with pytest.raises(LocalProtocolError, match="destinations must be a mapping"):
+        TensorAssembler(bad)
+
+
 def test_chunk_before_header_is_local_error() -> None:
     ev = binproto.TensorChunk(index=0, name="x", offset=0, data=memoryview(b"a"))
     with pytest.raises(LocalProtocolError):

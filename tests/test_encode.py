@@ -274,6 +274,8 @@ def test_safe_cast_override_copies_once() -> None:
         ([Tensor("p", [1], parameters={"x": float("nan")})], True, "JSON cannot carry"),
         ([Tensor("p", [1], parameters={"x": [1]})], True, "string, number or bool"),
         ({"x": [1]}, "x", "binary must be True, False or a set"),
+        ({"x": [1]}, [["x"]], "binary must be True, False or a set"),  # names, unhashable
+        ({"x": [1]}, {1}, "binary must be True, False or a set"),
     ],
 )
 def test_local_errors(tensors: Any, binary: Any, message: str) -> None:
