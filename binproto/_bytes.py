@@ -3,12 +3,15 @@ joined at once."""
 
 from __future__ import annotations
 
+import io
 import struct
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 
 from ._errors import LocalProtocolError, RemoteProtocolError
+from ._util import as_byte_view
 
 __all__ = ["BytesDecoder", "BytesFramer", "join_bytes", "object_array", "split_bytes"]
 
@@ -225,25 +228,60 @@ def split_bytes(buf: Any, count: int) -> np.ndarray[Any, np.dtype[np.object_]]:
     return object_array(framer.take())
 
 
-def join_bytes(elements: list[bytes]) -> np.ndarray[Any, np.dtype[np.uint8]]:
+def join_bytes(elements: Iterable[Any]) -> np.ndarray[Any, np.dtype[np.uint8]]:
     """The BYTES wire form of ``elements``: each one prefixed by its uint32
     little-endian length, back to back, as a flat writable ``uint8`` array.
 
-    The inverse of :func:`split_bytes`. No per-element Python loop: one join
-    lays the elements out with a 4-byte gap before each (the wire form with
-    blank prefixes, one copy of the data), then numpy writes every prefix at
-    once from the array of lengths.
+    ``elements`` is any iterable of bytes-like objects: ``bytes``,
+    ``bytearray``, or any C-contiguous buffer (a ``memoryview``, a numpy
+    array), each framed by its size in bytes, not its ``len()``. Anything
+    else, ``str`` included (encode it first), is :class:`LocalProtocolError`.
+
+    The inverse of :func:`split_bytes`. No per-element Python loop: one pass
+    of ``BytesIO.write`` copies the elements back to back and gives their byte
+    counts, then numpy writes every prefix at once from the array of lengths
+    and moves the elements' bytes in between.
     """
-    n = len(elements)
-    lengths = np.fromiter(map(len, elements), dtype=np.int64, count=n)
+    if isinstance(elements, list):
+        items = elements
+    else:  # made a list: the second pass below may need the elements again
+        try:
+            iterator = iter(elements)
+        except TypeError:
+            raise LocalProtocolError(
+                f"join_bytes takes an iterable of bytes-like elements, got"
+                f" {type(elements).__name__}"
+            ) from None
+        items = list(iterator)
+    n = len(items)
+    data = io.BytesIO()
+    try:
+        # write() returns the bytes a buffer holds, whatever its item size.
+        lengths = np.fromiter(map(data.write, items), dtype=np.int64, count=n)
+    except (TypeError, ValueError, BufferError):  # not a buffer write() takes
+        data = io.BytesIO()
+        lengths = np.fromiter(map(data.write, _byte_views(items)), dtype=np.int64, count=n)
     if not n:
         return np.empty(0, dtype=np.uint8)
     if int(lengths.max()) > 0xFFFFFFFF:
         raise LocalProtocolError("a BYTES element is longer than 2**32 - 1 bytes")
-    out = np.frombuffer(bytearray(4).join([b"", *elements]), dtype=np.uint8)
     sizes = lengths + 4
     starts = np.cumsum(sizes) - sizes
+    out = np.empty(int(sizes.sum()), dtype=np.uint8)
+    is_data = np.ones(len(out), dtype=bool)  # every byte but the prefixes'
     prefixes = lengths.astype("<u4").view(np.uint8).reshape(n, 4)
     for k in range(4):  # byte k of every prefix
         out[starts + k] = prefixes[:, k]
+        is_data[starts + k] = False
+    out[is_data] = np.frombuffer(data.getbuffer(), dtype=np.uint8)
     return out
+
+
+def _byte_views(items: list[Any]) -> Iterator[memoryview]:
+    """Each element's bytes; the first that is not a C-contiguous buffer is
+    :class:`LocalProtocolError`."""
+    for i, item in enumerate(items):
+        try:
+            yield as_byte_view(item)
+        except LocalProtocolError as exc:
+            raise LocalProtocolError(f"BYTES element {i}: {exc.msg}") from None

@@ -261,9 +261,9 @@ def loads_header(raw: bytes, *, max_depth: int, kind: str = "request") -> Any:
         if text.startswith("\ufeff"):  # as json.loads says it; JSONDecoder does not check
             raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
         obj = _DECODER.decode(text)
-    except RecursionError:
+    except RecursionError:  # under a limit deeper than the Python stack goes
         raise RemoteProtocolError(
-            f"JSON nesting is deeper than the limit of {max_depth}", offset=0
+            "JSON nesting is too deep to decode (past Python's recursion limit)", offset=0
         ) from None
     except json.JSONDecodeError as exc:
         offset = len(text[: exc.pos].encode("utf-8"))

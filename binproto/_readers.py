@@ -8,7 +8,7 @@ machine that dispatches to them).
 from __future__ import annotations
 
 from collections import deque
-from typing import Protocol
+from typing import Any, Protocol
 
 from ._bytes import BytesFramer
 from ._compression import Inflater
@@ -26,6 +26,7 @@ __all__ = [
     "TensorCheck",
     "TensorReader",
     "check_announced",
+    "check_header",
     "check_lengths",
     "parse_header",
     "read_end",
@@ -164,6 +165,11 @@ class HeaderReader:
 def parse_header(raw: bytes, kind: Kind, limits: Limits) -> InferenceHeader:
     """Decode and validate the JSON header ``raw`` (exactly its bytes)."""
     obj = loads_header(raw, max_depth=limits.max_json_depth, kind=kind)
+    return check_header(raw, obj, kind, limits)
+
+
+def check_header(raw: bytes, obj: Any, kind: Kind, limits: Limits) -> InferenceHeader:
+    """Validate ``obj``, the JSON header ``raw`` decoded by :func:`loads_header`."""
     try:
         header = build_header(obj, kind, limits, len(raw))
     except RemoteProtocolError:

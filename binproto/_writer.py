@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-import json
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -12,9 +11,11 @@ import numpy as np
 from ._bytes import BytesFramer
 from ._encode import EncodedBody, check_parameters, dumps_header
 from ._errors import LocalProtocolError, RemoteProtocolError
-from ._header import InferenceHeader, Kind, build_header
+from ._header import InferenceHeader, Kind
 from ._http import message_headers
+from ._json import loads_header
 from ._limits import Limits
+from ._readers import check_header
 from ._util import as_byte_view, check_bool
 
 __all__ = ["BodyWriter"]
@@ -49,8 +50,9 @@ class BodyWriter:
     policy; its buffers are ignored). Each tensor
     sent binary declares ``"parameters": {"binary_data_size": N}``; tensors
     with ``data`` travel in the header. The header is validated as the parser
-    would validate it (sizes against shapes and datatypes), so a body the
-    writer accepts is one a peer accepts.
+    would validate it (its JSON text as sent, bytes as given, then sizes
+    against shapes and datatypes), so a body the writer accepts is one a peer
+    accepts; a header it refuses is :class:`LocalProtocolError`.
 
     Usage::
 
@@ -85,27 +87,26 @@ class BodyWriter:
         if isinstance(header, EncodedBody):
             header = header.json
         if isinstance(header, Mapping):
-            obj: Any = dict(header)
-            raw = dumps_header(obj)
+            raw = dumps_header(dict(header))
         elif isinstance(header, (bytes, bytearray, memoryview)):
-            raw = bytes(header)
-            try:
-                obj = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError) as exc:
-                raise LocalProtocolError(f"the header is not UTF-8 JSON: {exc}") from None
+            raw = bytes(header)  # sent as given
         else:
             raise LocalProtocolError(
                 "header must be a mapping, JSON bytes or an EncodedBody,"
                 f" got {type(header).__name__}"
             )
-        if kind is None:
-            kind = "request" if isinstance(obj, dict) and "inputs" in obj else "response"
-        if kind not in ("request", "response"):
+        if kind is not None and kind not in ("request", "response"):
             raise LocalProtocolError(f"kind must be 'request' or 'response', got {kind!r}")
+        # The text sent is checked as a peer's parser checks it (a mapping's
+        # too: keys 1 and "1" are both written "1").
         try:
-            self.header: InferenceHeader = build_header(obj, kind, _NO_LIMITS, len(raw))
+            obj = loads_header(raw, max_depth=_NO_LIMITS.max_json_depth, kind=kind or "header")
+            if kind is None:
+                kind = "request" if isinstance(obj, dict) and "inputs" in obj else "response"
+            self.header: InferenceHeader = check_header(raw, obj, kind, _NO_LIMITS)
         except RemoteProtocolError as exc:
-            raise LocalProtocolError(f"invalid {kind} header: {exc.msg}") from None
+            what = f"{kind} header" if kind else "header"
+            raise LocalProtocolError(f"invalid {what}: {exc.msg}") from None
         # Parameters as strict as the encoder's: no NaN, no nested values.
         check_parameters(self.header.parameters, f"the {kind}")
         for t in self.header.tensors:

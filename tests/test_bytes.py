@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import struct
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,6 +17,7 @@ from binproto import (
     Parser,
     RemoteProtocolError,
     decode_request,
+    join_bytes,
     split_bytes,
 )
 from binproto._bytes import BytesFramer
@@ -188,6 +190,35 @@ def test_split_bytes_refuses_bad_framing() -> None:
         split_bytes(struct.pack("<I", 9) + b"ab", 1)
     with pytest.raises(RemoteProtocolError, match="holds 1, its shape 2"):
         split_bytes(_frame([2]), 2)
+
+
+def test_join_bytes_frames_each_element_by_its_byte_count() -> None:
+    ints = np.array([1, 2], np.int32)  # len() 2, 8 bytes
+    empty = np.zeros((3, 0), np.uint8)  # len() 3, no bytes
+    elements = [ints.data, b"ab", bytearray(b"c"), empty, ints.reshape(1, 2)]
+    joined = join_bytes(elements)
+    expected = [ints.tobytes(), b"ab", b"c", b"", ints.tobytes()]
+    assert split_bytes(joined, len(elements)).tolist() == expected
+
+
+def test_join_bytes_takes_any_iterable() -> None:
+    assert split_bytes(join_bytes(e for e in ITEMS), len(ITEMS)).tolist() == ITEMS
+    assert split_bytes(join_bytes(tuple(ITEMS)), len(ITEMS)).tolist() == ITEMS
+    assert join_bytes(iter([])).size == 0
+
+
+@pytest.mark.parametrize(
+    ("elements", "message"),
+    [
+        ([b"a", "b"], "BYTES element 1: expected a bytes-like object, got str"),
+        ([b"a", None], "BYTES element 1: expected a bytes-like object, got NoneType"),
+        ([np.arange(4, dtype=np.uint8)[::2]], "BYTES element 0: .*C-contiguous"),
+        (5, "join_bytes takes an iterable of bytes-like elements, got int"),
+    ],
+)
+def test_join_bytes_refuses_what_is_not_bytes_like(elements: object, message: str) -> None:
+    with pytest.raises(LocalProtocolError, match=message):
+        join_bytes(elements)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 4, 5, 7, 64, 10_000])

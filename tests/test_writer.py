@@ -359,8 +359,8 @@ def test_send_checks_bool_bytes_as_a_peer_would() -> None:
             "invalid datatype",
         ),
         ({"outputs": "x"}, "Unable to parse 'outputs'"),
-        (b"\xff", "not UTF-8 JSON"),
-        (b"{", "not UTF-8 JSON"),
+        (b"\xff", "invalid header: .*invalid UTF-8"),
+        (b"{", "invalid header: failed to parse"),
         (42, "must be a mapping, JSON bytes or an EncodedBody"),
         ({"outputs": [], "parameters": {"x": float("nan")}}, "JSON cannot carry"),
         ({"outputs": [], "parameters": {"binary_data_output": 1}}, "expected a bool"),
@@ -397,6 +397,45 @@ def test_send_checks_bool_bytes_as_a_peer_would() -> None:
 def test_invalid_headers(header: Any, message: str) -> None:
     with pytest.raises(LocalProtocolError, match=message):
         BodyWriter(header)
+
+
+OUTPUT = b'[{"name":"o","datatype":"INT8","shape":[1],"data":[1]}]'
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        (
+            b'{"model_name":"m","outputs":' + OUTPUT + b',"model_name":"n"}',
+            'duplicate key "model_name"',
+        ),
+        (b'{"outputs":[],"outputs":' + OUTPUT + b"}", 'duplicate key "outputs"'),
+        (
+            b'{"outputs":[{"name":"\\ud800","datatype":"INT8","shape":[1],"data":[1]}]}',
+            "lone surrogate",
+        ),
+        ({"outputs": [], 1: "a", "1": "b"}, 'duplicate key "1"'),  # both keys written "1"
+    ],
+)
+def test_headers_a_peer_refuses_are_refused(header: Any, message: str) -> None:
+    with pytest.raises(LocalProtocolError, match=message):
+        BodyWriter(header)
+    raw = header if isinstance(header, bytes) else json.dumps(header).encode()
+    with pytest.raises(binproto.RemoteProtocolError, match=message):
+        binproto.decode_response(raw, header_length=None)
+
+
+def test_a_header_nested_too_deep_to_decode_is_refused() -> None:
+    deep = b"[" * 100_000 + b"]" * 100_000
+    with pytest.raises(LocalProtocolError, match="too deep to decode"):
+        BodyWriter(b'{"outputs":[],"parameters":{"a":' + deep + b"}}")
+
+
+def test_a_header_given_as_bytes_is_sent_as_given() -> None:
+    raw = b'{ "outputs" : [ ],\n "model_name": "m", "parameters": {"x": "\\u00e9"} }'
+    w = BodyWriter(raw)
+    assert w.start() == raw
+    assert w.header.model_name == "m" and w.header.parameters == {"x": "\u00e9"}
 
 
 def test_explicit_kind() -> None:
