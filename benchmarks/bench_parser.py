@@ -12,7 +12,8 @@ import json
 import math
 import statistics
 import struct
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -160,7 +161,14 @@ def stream_rows(nbytes: int, repeats: int) -> list[Row]:
                 feed(ev)
         assert asm.tensors["output0"] is dest
 
-    times = interleave({"bare": bare_copy, "asm": assemble}, repeats)
+    def least() -> None:
+        receive, events = least_events(hl)
+        for c in chunks:
+            receive(c)
+            for _, _, offset, data in events():
+                dest_mv[offset : offset + len(data)] = data
+
+    times = interleave({"bare": bare_copy, "asm": assemble, "least": least}, repeats)
     assert float(dest[0]) == 0.0 and float(dest[1]) == 1.5
     work = f"stream {size_label} FP32 in 64 KiB chunks: parse + copy, preallocated"
     overhead = [(a - b) / nchunks for a, b in zip(times["asm"], times["bare"], strict=True)]
@@ -180,6 +188,19 @@ def stream_rows(nbytes: int, repeats: int) -> list[Row]:
             chunks=nchunks,
             overhead_us_per_chunk=over_us,
             overhead_met=over_us <= 1.0,
+        )
+    )
+    least_over = [(a - b) / nchunks for a, b in zip(times["least"], times["bare"], strict=True)]
+    # The least an event loop of binproto's API does: a floor, no target.
+    rows.append(
+        row(
+            work,
+            "least event loop (sketch: bench_parser.least_events)",
+            times["least"],
+            nbytes=nbytes,
+            baseline="bare copy loop",
+            baseline_samples=times["bare"],
+            overhead_us_per_chunk=median(least_over) * 1e6,
         )
     )
 
@@ -335,6 +356,43 @@ def many_body(count: int, nbytes: int) -> tuple[bytes, int]:
     header = response_header(outputs)
     data = np.arange(count * nbytes // 4, dtype=np.float32).tobytes()
     return header + data, len(header)
+
+
+def least_events(
+    skip: int,
+) -> tuple[Callable[[Any], None], Callable[[], Iterator[binproto.TensorChunk]]]:
+    """A sketch of the least an event parser with binproto's API does per
+    chunk, as a floor for the parse + copy rows (not binproto's code: it
+    knows only that the body is one tensor after ``skip`` header bytes).
+    ``receive_data`` takes the chunk's bytes (``as_byte_view``, as binproto
+    does) into a queue; ``events()`` is a generator that hands each queued
+    piece out as a :class:`binproto.TensorChunk` and stops at the first
+    ``NEED_DATA``. No header, no state, no tensor boundaries, no checks."""
+    from binproto._util import as_byte_view
+
+    queue: deque[memoryview] = deque()
+    offset = -skip  # tensor offset of the next byte
+
+    def receive_data(data: Any) -> None:
+        queue.append(as_byte_view(data))
+
+    def next_event() -> binproto.TensorChunk | None:  # (None for NEED_DATA)
+        nonlocal offset
+        if not queue:
+            return None
+        data = queue.popleft()
+        if offset < 0:  # the header's bytes: passed over
+            data = data[-offset:]
+            offset = 0
+        start = offset
+        offset += len(data)
+        return binproto.TensorChunk(0, "output0", start, data)
+
+    def events() -> Iterator[binproto.TensorChunk]:
+        while (event := next_event()) is not None:
+            yield event
+
+    return receive_data, events
 
 
 def least_decode(body: bytes, hl: int) -> dict[str, np.ndarray[Any, Any]]:
