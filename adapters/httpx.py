@@ -21,14 +21,15 @@ a :class:`binproto.Parser` that handles the ``Content-Encoding`` itself; the
 ``Accept-Encoding`` sent names only the encodings binproto can decode.
 
 A response with an error status raises :class:`HTTPError` with the V2
-``{"error": ...}`` message.
+``{"error": ...}`` message. A body that breaks off or is malformed raises
+:class:`binproto.RemoteProtocolError`, never httpx's own protocol errors.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 try:
     import httpx
@@ -47,7 +48,7 @@ from binproto import (
     TensorAssembler,
 )
 from binproto._assemble import Destinations
-from binproto._compression import ENCODINGS
+from binproto._compression import ENCODINGS, Inflater, normalize_encoding
 from binproto._util import as_byte_view
 from binproto.adapters.h11 import HTTPError, error_message, infer_path
 
@@ -79,8 +80,13 @@ CHUNK_SIZE = 1 << 20
 #: The content codings binproto's parser decodes, sent as ``Accept-Encoding``.
 ACCEPT_ENCODING = ", ".join(ENCODINGS)
 
-#: Most bytes of an error response body read into memory.
+#: Most bytes of an error response body read into memory (after decoding).
 MAX_ERROR_BODY = 1 << 20
+
+_ERROR_BODY_LIMITS = Limits(max_decompressed_bytes=MAX_ERROR_BODY)
+
+# What httpx raises for a body that breaks off, is badly framed or badly coded.
+_BODY_ERRORS = (httpx.RemoteProtocolError, httpx.DecodingError)
 
 
 def request_content(body: EncodedBody, chunk_size: int = CHUNK_SIZE) -> Iterator[memoryview]:
@@ -142,11 +148,6 @@ def parser_for_response(
     )
 
 
-def _check_status(response: httpx.Response, body: bytes) -> None:
-    if not 200 <= response.status_code < 300:
-        raise error_message(response.status_code, body)
-
-
 def _feed(parser: Parser, chunk: bytes) -> Iterator[Event]:
     if len(chunk):
         parser.receive_data(chunk)
@@ -158,6 +159,107 @@ def _finish(parser: Parser) -> Iterator[Event]:
     yield from parser.events()
 
 
+def _body_error(exc: httpx.HTTPError, offset: int) -> binproto.RemoteProtocolError:
+    return binproto.RemoteProtocolError(
+        f"the response body could not be read: {exc}", offset=offset
+    )
+
+
+class _ErrorBody:
+    """An error response's body, taken from its raw bytes: at most
+    MAX_ERROR_BODY bytes, decoded by binproto when its coding is gzip or
+    deflate, so a small compressed body cannot expand in memory."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.status = response.status_code
+        self.data = bytearray()
+        self.fault: binproto.RemoteProtocolError | None = None
+        self._failure = "read"  # or "decoded": what went wrong, for the message
+        self._received = False
+        try:
+            encoding = normalize_encoding(response.headers.get("content-encoding"))
+        except binproto.RemoteProtocolError:
+            encoding = None  # br, zstd, ...: not decoded, kept as sent
+        self._inflater = None if encoding is None else Inflater(encoding, _ERROR_BODY_LIMITS, None)
+
+    def add(self, chunk: bytes) -> bool:
+        """Take the next raw chunk; True once no more is wanted."""
+        if self._inflater is None:
+            self.data += chunk[: MAX_ERROR_BODY - len(self.data)]
+        elif chunk:
+            self._received = True
+            self._inflater.feed(memoryview(chunk))
+            self._inflate()
+        return self.fault is not None or len(self.data) >= MAX_ERROR_BODY
+
+    def end(self) -> None:
+        """The body ended: check its compressed stream did too."""
+        if self._inflater is not None and self._received:  # (an empty body has none)
+            self._inflater.end()
+            self._inflate()
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Around the reads of the body: what httpx raises ends it as a fault."""
+        try:
+            yield
+        except _BODY_ERRORS as exc:
+            self.fault = binproto.RemoteProtocolError(str(exc), offset=len(self.data))
+            self.fault.__cause__ = exc
+
+    def _inflate(self) -> None:
+        assert self._inflater is not None
+        try:
+            while len(self.data) < MAX_ERROR_BODY:
+                piece = self._inflater.step()
+                if piece is None:
+                    return
+                self.data += piece
+        except binproto.RemoteProtocolError as exc:
+            self.fault = exc
+            self._failure = "decoded"
+
+    def error(self) -> HTTPError:
+        """The error for the status and the body read."""
+        if self.fault is None:
+            return error_message(self.status, bytes(self.data))
+        # Keep the status and what could be read; say why the rest is missing.
+        note = f"the error body could not be {self._failure}: {self.fault}"
+        text = self.data.decode("utf-8", "replace")
+        return HTTPError(self.status, f"{text} ({note})" if text else note)
+
+
+def _read_error(response: httpx.Response) -> HTTPError:
+    # httpx read (and decoded) the body already, e.g. for client.post().
+    return error_message(response.status_code, response.content[:MAX_ERROR_BODY])
+
+
+def _raise_error_status(response: httpx.Response) -> NoReturn:
+    if response.is_stream_consumed:
+        raise _read_error(response)
+    body = _ErrorBody(response)
+    with body.reading():
+        for chunk in response.iter_raw():
+            if body.add(chunk):
+                break
+        else:
+            body.end()
+    raise body.error() from body.fault
+
+
+async def _araise_error_status(response: httpx.Response) -> NoReturn:
+    if response.is_stream_consumed:
+        raise _read_error(response)
+    body = _ErrorBody(response)
+    with body.reading():
+        async for chunk in response.aiter_raw():
+            if body.add(chunk):
+                break
+        else:
+            body.end()
+    raise body.error() from body.fault
+
+
 def iter_events(
     response: httpx.Response,
     *,
@@ -167,18 +269,35 @@ def iter_events(
 ) -> Iterator[Event]:
     """Parse a streamed response (``client.stream(...)``) as it arrives.
 
-    Reads with ``iter_raw`` (binproto decodes the content encoding); raises
-    :class:`HTTPError` for an error status (its body, decoded by httpx, gives
-    the message) and :class:`binproto.RemoteProtocolError` for a bad body. A
+    Reads with ``iter_raw`` (binproto decodes the content encoding). A
     :class:`~binproto.TensorChunk`'s data is valid until the next event is
     requested.
+
+    Raises :class:`binproto.RemoteProtocolError` for a bad body: malformed,
+    or cut short, badly framed or badly coded on the wire (httpx's
+    ``RemoteProtocolError`` and ``DecodingError`` are turned into it, as its
+    ``__cause__``, with ``offset`` the body bytes parsed before the fault).
+
+    Raises :class:`HTTPError` for an error status, its message the V2
+    ``{"error": ...}`` of the body. At most :data:`MAX_ERROR_BODY` bytes of
+    that body are read, after decoding gzip or deflate, so a compressed
+    body's expansion costs no more memory; a body in another coding (br,
+    zstd, ...) is not decoded and its raw bytes are the message. A body that
+    cannot be read or decoded still gives the :class:`HTTPError`, with the
+    status, the text read before the fault and a note saying why the rest is
+    missing (the :class:`binproto.RemoteProtocolError` is its ``__cause__``).
+    A response httpx has read already (not streamed) gives the body as httpx
+    decoded it.
     """
     if not 200 <= response.status_code < 300:
-        _check_status(response, _read_limited(response.iter_bytes()))
+        _raise_error_status(response)
     if parser is None:
         parser = parser_for_response(response, limits=limits, strict_bool=strict_bool)
-    for chunk in response.iter_raw():
-        yield from _feed(parser, chunk)
+    try:
+        for chunk in response.iter_raw():
+            yield from _feed(parser, chunk)
+    except _BODY_ERRORS as exc:
+        raise _body_error(exc, parser.bytes_parsed) from exc
     yield from _finish(parser)
 
 
@@ -189,34 +308,20 @@ async def aiter_events(
     limits: Limits | None = None,
     strict_bool: bool = True,
 ) -> AsyncIterator[Event]:
-    """:func:`iter_events` for an ``httpx.AsyncClient`` response (``aiter_raw``)."""
+    """:func:`iter_events` for an ``httpx.AsyncClient`` response (``aiter_raw``),
+    with the same errors."""
     if not 200 <= response.status_code < 300:
-        _check_status(response, await _aread_limited(response.aiter_bytes()))
+        await _araise_error_status(response)
     if parser is None:
         parser = parser_for_response(response, limits=limits, strict_bool=strict_bool)
-    async for chunk in response.aiter_raw():
-        for event in _feed(parser, chunk):
-            yield event
+    try:
+        async for chunk in response.aiter_raw():
+            for event in _feed(parser, chunk):
+                yield event
+    except _BODY_ERRORS as exc:
+        raise _body_error(exc, parser.bytes_parsed) from exc
     for event in _finish(parser):
         yield event
-
-
-def _read_limited(chunks: Iterator[bytes]) -> bytes:
-    data = bytearray()
-    for chunk in chunks:
-        data += chunk[: MAX_ERROR_BODY - len(data)]
-        if len(data) >= MAX_ERROR_BODY:
-            break
-    return bytes(data)
-
-
-async def _aread_limited(chunks: AsyncIterator[bytes]) -> bytes:
-    data = bytearray()
-    async for chunk in chunks:
-        data += chunk[: MAX_ERROR_BODY - len(data)]
-        if len(data) >= MAX_ERROR_BODY:
-            break
-    return bytes(data)
 
 
 def read_response(

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import json
+import socket
+import threading
 import tracemalloc
 import zlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -359,6 +363,174 @@ def test_encoded_body_with_options_is_refused() -> None:
             bphttpx.infer(client, "echo", body, binary=False)
         result = bphttpx.infer(client, "echo", body)
     assert result.tensors["x"].tolist() == [1.0]
+
+
+# -- against a real socket, where httpx enforces the framing --------------------------
+
+
+@contextmanager
+def canned_server(response: bytes) -> Iterator[str]:
+    """A server on 127.0.0.1 that reads one request, writes ``response`` as it
+    is and closes the connection; yields its URL."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(10)
+
+    def serve() -> None:
+        try:
+            conn, _ = listener.accept()
+            with conn:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    head += conn.recv(65536)
+                head, _, body = head.partition(b"\r\n\r\n")
+                fields = dict(line.split(b":", 1) for line in head.split(b"\r\n")[1:])
+                length = int({k.lower(): v for k, v in fields.items()}[b"content-length"])
+                while len(body) < length:  # read it all, so closing sends no reset
+                    body += conn.recv(65536)
+                conn.sendall(response)
+        except OSError:
+            pass  # the client stopped reading (a bounded error body) and closed
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        thread.join(10)
+        listener.close()
+
+
+def infer_from(
+    response: bytes, mode: str, before: Callable[[], None] = lambda: None
+) -> binproto.DecodedMessage:
+    """``infer`` (mode "sync") or ``ainfer`` (mode "async") against ``response``;
+    ``before`` is called once the client is made."""
+    inputs = {"x": np.ones(3, dtype=np.float32)}
+    with canned_server(response) as url:
+        if mode == "sync":
+            with httpx.Client(base_url=url) as client:
+                before()
+                return bphttpx.infer(client, "echo", inputs)
+
+        async def go() -> binproto.DecodedMessage:
+            async with httpx.AsyncClient(base_url=url) as client:
+                before()
+                return await bphttpx.ainfer(client, "echo", inputs)
+
+        # Not asyncio.run: on leaving, Python 3.11's takes the repr of its task
+        # with the task's exception (4 MiB for a 1 MiB error message of NULs).
+        loop = asyncio.new_event_loop()
+        try:
+            return loop.run_until_complete(go())
+        finally:
+            loop.close()
+
+
+def v2_response(array: np.ndarray[Any, Any]) -> tuple[bytes, bytes]:
+    """A V2 response with ``array`` as its binary output: head fields, body."""
+    body = binproto.encode_response({"x": array}, model_name="echo")
+    fields = b"".join(
+        f"{k}: {v}\r\n".encode() for k, v in body.headers if k.lower() != "content-length"
+    )
+    return fields, bytes(body)
+
+
+MODES = ["sync", "async"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_body_cut_short_by_the_server_is_a_protocol_error(mode: str) -> None:
+    fields, body = v2_response(np.arange(1000, dtype=np.float32))
+    sent = body[:-100]
+    head = b"HTTP/1.1 200 OK\r\n" + fields + f"Content-Length: {len(body)}\r\n\r\n".encode()
+    with pytest.raises(binproto.RemoteProtocolError) as info:
+        infer_from(head + sent, mode)
+    assert isinstance(info.value.__cause__, httpx.RemoteProtocolError)
+    assert "peer closed connection" in str(info.value)
+    assert info.value.offset == len(sent)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_bad_chunk_framing_is_a_protocol_error(mode: str) -> None:
+    fields, body = v2_response(np.arange(1000, dtype=np.float32))
+    part = body[:3000]
+    head = b"HTTP/1.1 200 OK\r\n" + fields + b"Transfer-Encoding: chunked\r\n\r\n"
+    chunks = f"{len(part):x}\r\n".encode() + part + b"\r\nnot a chunk size\r\n"
+    with pytest.raises(binproto.RemoteProtocolError) as info:
+        infer_from(head + chunks, mode)
+    assert isinstance(info.value.__cause__, httpx.RemoteProtocolError)
+    assert "illegal chunk header" in str(info.value)
+    assert info.value.offset == len(part)
+
+
+def error_reply(status: str, body: bytes, encoding: str | None = None) -> bytes:
+    coding = f"Content-Encoding: {encoding}\r\n" if encoding else ""
+    head = f"HTTP/1.1 {status}\r\n{coding}Content-Length: {len(body)}\r\n\r\n"
+    return head.encode() + body
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_gzip_bomb_error_body_is_read_in_bounded_memory(mode: str) -> None:
+    squeeze = zlib.compressobj(9, zlib.DEFLATED, 31)
+    zeros = bytes(MiB)
+    bomb = b"".join(squeeze.compress(zeros) for _ in range(100)) + squeeze.flush()
+    reply = error_reply("500 Internal Server Error", bomb, "gzip")
+    baseline = 0
+
+    def measure_from_here() -> None:  # not counting the client's own setup
+        nonlocal baseline
+        baseline = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(bphttpx.HTTPError) as info:
+            infer_from(reply, mode, measure_from_here)
+        peak = tracemalloc.get_traced_memory()[1] - baseline
+    finally:
+        tracemalloc.stop()
+    assert info.value.status == 500
+    assert info.value.message == "\0" * bphttpx.MAX_ERROR_BODY
+    assert peak < 8 * MiB, peak / MiB
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "x-gzip"])
+def test_a_compressed_v2_error_body_gives_its_message(mode: str, encoding: str) -> None:
+    payload = json.dumps({"error": "unknown model 'echo'"}).encode()
+    body = zlib.compress(payload) if encoding == "deflate" else gzip.compress(payload)
+    with pytest.raises(bphttpx.HTTPError) as info:
+        infer_from(error_reply("404 Not Found", body, encoding), mode)
+    assert info.value.status == 404
+    assert info.value.message == "unknown model 'echo'"
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    ("reply", "said"),
+    [
+        (
+            error_reply("500 Oops", b"\x1f\x8b not gzip at all", "gzip"),
+            "the error body could not be decoded: invalid gzip data",
+        ),
+        (
+            error_reply("500 Oops", b'{"error": "out of memory"}')[:-10],
+            '{"error": "out o (the error body could not be read: peer closed connection',
+        ),
+        # binproto does not decode br: its bytes are all the message can be.
+        (error_reply("500 Oops", b"\x1f\x8b not gzip at all", "br"), "not gzip at all"),
+    ],
+    ids=["bad-gzip", "cut-short", "brotli-kept-raw"],
+)
+def test_an_error_body_that_cannot_be_read_still_gives_the_status(
+    mode: str, reply: bytes, said: str
+) -> None:
+    with pytest.raises(bphttpx.HTTPError) as info:
+        infer_from(reply, mode)
+    assert info.value.status == 500
+    assert said in info.value.message
+    if "could not be" in said:
+        assert isinstance(info.value.__cause__, binproto.RemoteProtocolError)
 
 
 # -- 256 MiB back to the client, bounded memory ------------------------------------------
