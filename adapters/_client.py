@@ -31,7 +31,7 @@ from binproto import (
     body_claims,
 )
 from binproto._assemble import Destinations
-from binproto._compression import normalize_encoding
+from binproto._compression import inflate_whole, normalize_encoding
 from binproto._http import header_value
 
 from ._server import BodyReader, ByteStream, MessageBody, write_compressed
@@ -55,6 +55,8 @@ CLIENT_TIMEOUT = 300.0
 
 #: Largest error body the client reads.
 MAX_ERROR_BODY = 1 << 20
+# Decoded, an error body may grow no further than MAX_ERROR_BODY either.
+_ERROR_BODY_LIMITS = Limits(max_decompressed_bytes=MAX_ERROR_BODY)
 
 
 class ResponseStream:
@@ -99,6 +101,22 @@ def _closes(response: h11.Response) -> bool:
     tokens = header_value(list(response.headers), "connection") or ""
     closing = any(t.strip() == "close" for t in tokens.lower().split(","))
     return closing or response.http_version != b"1.1"
+
+
+def _error(response: h11.Response, data: bytes) -> HTTPError:
+    """The error an error response stands for; a gzip or deflate body (one
+    the client asked for with ``accept_encoding``) decoded, to at most
+    :data:`MAX_ERROR_BODY` bytes, and one in another coding kept as sent."""
+    try:
+        encoding = normalize_encoding(header_value(list(response.headers), "content-encoding"))
+    except RemoteProtocolError:
+        encoding = None  # br, zstd, ...: not decoded
+    if encoding is not None and data:
+        try:
+            data = bytes(inflate_whole(memoryview(data), encoding, _ERROR_BODY_LIMITS))
+        except RemoteProtocolError as exc:
+            return HTTPError(response.status_code, f"the error body could not be decoded: {exc}")
+    return error_message(response.status_code, data)
 
 
 def _drop_locals(exc: BaseException) -> None:
@@ -299,7 +317,7 @@ class ClientCore:
                 data = await self._small_body(stream, conn)
                 self._next_cycle(conn)
                 ok = True
-                raise error_message(response.status_code, data)
+                raise _error(response, data)
             claims = body_claims(fields_of(response))
             reader = BodyReader(
                 stream, conn, claims.content_length, receive_in_place=self._zero_copy
@@ -342,7 +360,7 @@ class ClientCore:
             raise exc from None
         if response.status_code == 200:
             raise exc
-        raise error_message(response.status_code, data) from exc
+        raise _error(response, data) from exc
 
     async def _send_request(
         self, stream: ByteStream, conn: h11.Connection, target: str, body: binproto.EncodedBody

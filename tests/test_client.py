@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import gzip
 import weakref
+import zlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -204,5 +206,38 @@ def test_tensors_twice_gives_the_same_arrays(size: int) -> None:
                     with pytest.raises(LocalProtocolError, match="destinations come too late"):
                         await response.tensors({"y": np.empty(size, np.float32)})
         assert first["y"].shape == (size,)
+
+    _run(main)
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate"])
+def test_a_compressed_error_body_is_decoded(coding: str) -> None:
+    text = b'{"error": "model m is overloaded"}'
+    data = gzip.compress(text) if coding == "gzip" else zlib.compress(text)
+    head = b"HTTP/1.1 503 Busy\r\nContent-Encoding: %s\r\nContent-Length: %d\r\n\r\n"
+    answer = head % (coding.encode(), len(data)) + data
+
+    async def main() -> None:
+        async with _canned(lambda _: answer) as (port, _):
+            async with Client("127.0.0.1", port, accept_encoding="gzip, deflate") as c:
+                with pytest.raises(HTTPError) as info:
+                    await c.infer("m", {"x": X})
+        assert info.value.status == 503 and info.value.message == "model m is overloaded"
+
+    _run(main)
+
+
+def test_an_error_body_that_would_expand_past_its_bound_is_not_decoded() -> None:
+    bomb = gzip.compress(b"0" * (64 << 20))  # 64 MiB of zeros in ~64 KiB
+    head = b"HTTP/1.1 500 Oops\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n"
+    answer = head % len(bomb) + bomb
+
+    async def main() -> None:
+        async with _canned(lambda _: answer) as (port, _):
+            async with Client("127.0.0.1", port) as c:
+                with pytest.raises(HTTPError) as info:
+                    await c.infer("m", {"x": X})
+        assert info.value.status == 500
+        assert info.value.message.startswith("the error body could not be decoded")
 
     _run(main)
