@@ -268,7 +268,13 @@ class ClientCore:
                 raise binproto.RemoteProtocolError("the response body is too large")
 
     def _next_cycle(self, conn: h11.Connection) -> None:
-        if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
+        # (A response framed by the close ends DONE/DONE too: the peer has
+        # closed, which h11 has seen.)
+        if (
+            conn.our_state is h11.DONE
+            and conn.their_state is h11.DONE
+            and not conn.trailing_data[1]
+        ):
             conn.start_next_cycle()
         else:
             self._stream_to_close = True

@@ -643,10 +643,11 @@ class MessageBody:
         )
 
     def release(self) -> None:
-        """Let go of the body's tensor memory (its parser, assembler and
-        arrays): what a reader that failed calls, so that the arrays go now,
-        not when the fault that references this body is collected."""
-        self._parser = None
+        """Let go of the body's tensor memory (its assembler and arrays):
+        what a reader that failed calls, so that the arrays go now, not when
+        the fault that references this body is collected. The parser stays
+        as it is (in its ERROR state after a fault it found), so a later call
+        fails as it would have."""
         self.assembler = None
         self._whole = self._decoded = self._tensors = None
 

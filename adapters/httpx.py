@@ -176,6 +176,7 @@ class _ErrorBody:
         self.fault: binproto.RemoteProtocolError | None = None
         self._failure = "read"  # or "decoded": what went wrong, for the message
         self._received = False
+        self._raw = 0  # bytes read as sent
         try:
             encoding = normalize_encoding(response.headers.get("content-encoding"))
         except binproto.RemoteProtocolError:
@@ -183,14 +184,17 @@ class _ErrorBody:
         self._inflater = None if encoding is None else Inflater(encoding, _ERROR_BODY_LIMITS, None)
 
     def add(self, chunk: bytes) -> bool:
-        """Take the next raw chunk; True once no more is wanted."""
+        """Take the next raw chunk; True once no more is wanted (a fault, or
+        MAX_ERROR_BODY bytes taken, decoded or, for a body that decodes to
+        little, as sent)."""
+        self._raw += len(chunk)
         if self._inflater is None:
             self.data += chunk[: MAX_ERROR_BODY - len(self.data)]
         elif chunk:
             self._received = True
             self._inflater.feed(memoryview(chunk))
             self._inflate()
-        return self.fault is not None or len(self.data) >= MAX_ERROR_BODY
+        return self.fault is not None or max(len(self.data), self._raw) >= MAX_ERROR_BODY
 
     def end(self) -> None:
         """The body ended: check its compressed stream did too."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import struct
 from collections.abc import Iterable, Iterator
+from itertools import chain, repeat
 from typing import Any
 
 import numpy as np
@@ -13,7 +14,14 @@ import numpy as np
 from ._errors import LocalProtocolError, RemoteProtocolError
 from ._util import as_byte_view
 
-__all__ = ["BytesDecoder", "BytesFramer", "join_bytes", "object_array", "split_bytes"]
+__all__ = [
+    "BytesDecoder",
+    "BytesFramer",
+    "join_bytes",
+    "join_plain",
+    "object_array",
+    "split_bytes",
+]
 
 _U32 = struct.Struct("<I")
 
@@ -235,45 +243,53 @@ def join_bytes(elements: Iterable[Any]) -> np.ndarray[Any, np.dtype[np.uint8]]:
     ``elements`` is any iterable of bytes-like objects: ``bytes``,
     ``bytearray``, or any C-contiguous buffer (a ``memoryview``, a numpy
     array), each framed by its size in bytes, not its ``len()``. Anything
-    else, ``str`` included (encode it first), is :class:`LocalProtocolError`.
+    else, a ``str`` included (encode it first), or an array of Python objects
+    (its bytes are pointers), is :class:`LocalProtocolError`.
 
-    The inverse of :func:`split_bytes`. No per-element Python loop: one pass
-    of ``BytesIO.write`` copies the elements back to back and gives their byte
-    counts, then numpy writes every prefix at once from the array of lengths
-    and moves the elements' bytes in between.
+    The inverse of :func:`split_bytes`.
     """
-    if isinstance(elements, list):
-        items = elements
-    else:  # made a list: the second pass below may need the elements again
-        try:
-            iterator = iter(elements)
-        except TypeError:
-            raise LocalProtocolError(
-                f"join_bytes takes an iterable of bytes-like elements, got"
-                f" {type(elements).__name__}"
-            ) from None
-        items = list(iterator)
-    n = len(items)
-    data = io.BytesIO()
     try:
-        # write() returns the bytes a buffer holds, whatever its item size.
-        lengths = np.fromiter(map(data.write, items), dtype=np.int64, count=n)
-    except (TypeError, ValueError, BufferError):  # not a buffer write() takes
-        data = io.BytesIO()
-        lengths = np.fromiter(map(data.write, _byte_views(items)), dtype=np.int64, count=n)
+        items = elements if isinstance(elements, list) else list(iter(elements))
+    except TypeError:
+        raise LocalProtocolError(
+            f"join_bytes takes an iterable of bytes-like elements, got {type(elements).__name__}"
+        ) from None
+    if not set(map(type, items)) <= _PLAIN:  # (a C-level pass over the types)
+        items = list(_byte_views(items))
+    return join_plain(items)
+
+
+# Elements whose len() is their size in bytes, taken as they are.
+_PLAIN = {bytes, bytearray}
+
+# The blank written where each length prefix goes.
+_GAP = bytes(4)
+
+
+def join_plain(elements: list[bytes] | list[memoryview]) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """:func:`join_bytes` of elements already known to be ``bytes`` or
+    ``bytearray``, or flat byte views: what the encoder has made of a tensor.
+
+    No per-element Python loop: one pass of ``BytesIO.write`` lays the
+    elements out, each after a blank 4-byte gap (the wire form with blank
+    prefixes, one copy of the data), and gives their sizes; then numpy writes
+    every prefix at once from the array of sizes.
+    """
+    n = len(elements)
     if not n:
         return np.empty(0, dtype=np.uint8)
+    data = io.BytesIO()
+    pieces: Iterator[Any] = chain.from_iterable(zip(repeat(_GAP), elements))
+    written = map(data.write, pieces)
+    lengths = np.fromiter(written, dtype=np.int64, count=2 * n)[1::2]
     if int(lengths.max()) > 0xFFFFFFFF:
         raise LocalProtocolError("a BYTES element is longer than 2**32 - 1 bytes")
+    out = np.frombuffer(data.getbuffer(), dtype=np.uint8)
     sizes = lengths + 4
     starts = np.cumsum(sizes) - sizes
-    out = np.empty(int(sizes.sum()), dtype=np.uint8)
-    is_data = np.ones(len(out), dtype=bool)  # every byte but the prefixes'
     prefixes = lengths.astype("<u4").view(np.uint8).reshape(n, 4)
     for k in range(4):  # byte k of every prefix
         out[starts + k] = prefixes[:, k]
-        is_data[starts + k] = False
-    out[is_data] = np.frombuffer(data.getbuffer(), dtype=np.uint8)
     return out
 
 
@@ -281,6 +297,8 @@ def _byte_views(items: list[Any]) -> Iterator[memoryview]:
     """Each element's bytes; the first that is not a C-contiguous buffer is
     :class:`LocalProtocolError`."""
     for i, item in enumerate(items):
+        if isinstance(item, str):  # (numpy's str_ exports its UCS-4 code points)
+            raise LocalProtocolError(f"BYTES element {i}: expected bytes, got str: encode it")
         try:
             yield as_byte_view(item)
         except LocalProtocolError as exc:

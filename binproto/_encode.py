@@ -16,7 +16,8 @@ data after it, by the policy the caller chose (or, for a response, the one the
 request asked for). A binary fixed-size tensor contributes a ``memoryview`` of
 its array to :attr:`EncodedBody.buffers`: nothing is copied, so encoding a
 gigabyte costs what encoding a byte does. BYTES tensors are joined into one new
-buffer by :func:`join_bytes` (no per-element Python loop).
+buffer by ``join_plain`` (:func:`join_bytes` without its checks: the
+encoder has made every element ``bytes``; no per-element Python loop).
 
 Only the JSON header is built in memory; callers send ``body.buffers`` with
 ``writelines`` / ``sendmsg``, or ``bytes(body)`` for small bodies.
@@ -34,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from . import _json
-from ._bytes import join_bytes
+from ._bytes import join_plain
 from ._datatypes import DATATYPES, DataType, datatype_for_dtype
 from ._errors import LocalProtocolError, RemoteProtocolError
 from ._header import InferenceHeader, RequestedOutput
@@ -418,7 +419,7 @@ def _place(
         params = p.parameters
         if as_binary:
             if p.elements is not None:
-                buf = join_bytes(p.elements).data
+                buf = join_plain(p.elements).data
             else:
                 assert p.array is not None
                 buf = as_byte_view(p.array)  # the (contiguous) array's bytes: no copy
@@ -530,6 +531,8 @@ def dumps_header(obj: Any, *, arrays: bool = True, plain: bool = False) -> bytes
         pieces.append(text.encode("utf-8"))
     except (TypeError, ValueError) as exc:  # unserializable value, circular object
         raise _fail(f"the header cannot be serialized as JSON: {exc}") from None
+    except RecursionError:  # nested past the stack (orjson refuses it as a TypeError)
+        raise _fail("the header cannot be serialized as JSON: nested too deep") from None
     except UnicodeEncodeError as exc:  # lone surrogates
         raise _fail(f"the header holds a string that is not valid UTF-8: {exc.reason}") from None
     return pieces[0] if len(pieces) == 1 else b"".join(pieces)

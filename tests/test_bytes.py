@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import struct
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -210,7 +211,9 @@ def test_join_bytes_takes_any_iterable() -> None:
 @pytest.mark.parametrize(
     ("elements", "message"),
     [
-        ([b"a", "b"], "BYTES element 1: expected a bytes-like object, got str"),
+        ([b"a", "b"], "BYTES element 1: expected bytes, got str: encode it"),
+        ([b"a", np.str_("ab")], "BYTES element 1: expected bytes, got str"),
+        ([np.array([b"a"], dtype=object)], "BYTES element 0: .*Python objects"),
         ([b"a", None], "BYTES element 1: expected a bytes-like object, got NoneType"),
         ([np.arange(4, dtype=np.uint8)[::2]], "BYTES element 0: .*C-contiguous"),
         (5, "join_bytes takes an iterable of bytes-like elements, got int"),
@@ -257,3 +260,15 @@ def test_a_framer_refuses_bytes_past_its_tensor(collect: bool) -> None:
     # The last element ends one byte past the tensor, inside the chunk.
     with pytest.raises(LocalProtocolError, match="11 bytes fed at offset 0"):
         BytesFramer("t", 2, len(data) - 1, 0, collect=collect).feed(data, 0)
+
+
+def test_join_bytes_of_a_large_element_makes_one_copy() -> None:
+    element = bytes(64 << 20)
+    tracemalloc.start()
+    try:
+        joined = join_bytes([element])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert joined.size == len(element) + 4 and bytes(joined[:4]) == struct.pack("<I", len(element))
+    assert peak < len(element) * 1.25  # the wire form itself, not a copy more

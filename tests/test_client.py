@@ -70,10 +70,12 @@ def test_a_response_framed_by_the_close_is_read(zero_copy: bool) -> None:
     head = b"HTTP/1.1 200 OK\r\nInference-Header-Content-Length: %d\r\n\r\n" % hl
 
     async def main() -> None:
-        async with _canned(lambda _: head + body) as (port, _):
+        async with _canned(lambda _: head + body) as (port, heads):
             async with Client("127.0.0.1", port, zero_copy=zero_copy) as c:
-                out = await c.infer("m", {"x": X})
-        assert np.array_equal(out["y"], X)
+                for _ in range(2):  # the second on a new connection
+                    out = await c.infer("m", {"x": X})
+                    assert np.array_equal(out["y"], X)
+        assert len(heads) == 2
 
     _run(main)
 
@@ -83,11 +85,13 @@ def test_an_error_framed_by_the_close_keeps_its_message(zero_copy: bool) -> None
     answer = b'HTTP/1.1 500 Oops\r\n\r\n{"error": "the model failed"}'
 
     async def main() -> None:
-        async with _canned(lambda _: answer) as (port, _):
+        async with _canned(lambda _: answer) as (port, heads):
             async with Client("127.0.0.1", port, zero_copy=zero_copy) as c:
-                with pytest.raises(HTTPError) as info:
-                    await c.infer("m", {"x": X})
-        assert info.value.status == 500 and info.value.message == "the model failed"
+                for _ in range(2):  # the second on a new connection
+                    with pytest.raises(HTTPError) as info:
+                        await c.infer("m", {"x": X})
+                    assert info.value.status == 500 and info.value.message == "the model failed"
+        assert len(heads) == 2
 
     _run(main)
 
@@ -239,5 +243,29 @@ def test_an_error_body_that_would_expand_past_its_bound_is_not_decoded() -> None
                     await c.infer("m", {"x": X})
         assert info.value.status == 500
         assert info.value.message.startswith("the error body could not be decoded")
+
+    _run(main)
+
+
+def test_a_failed_response_still_refuses_later_calls() -> None:
+    # A BOOL byte of 2: the parser fails; the response's arrays are let go of,
+    # and asking the response again is refused as before, not an OSError.
+    body = bytearray(bytes(binproto.encode_response({"y": np.ones(100_000, bool)}, model_name="m")))
+    body[-1] = 2
+    hl = len(body) - 100_000
+    head = b"HTTP/1.1 200 OK\r\nInference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
+    answer = head % (hl, len(body)) + bytes(body)
+
+    async def main() -> None:
+        async with _canned(lambda _: answer) as (port, _):
+            async with Client("127.0.0.1", port) as c:
+                with pytest.raises(RemoteProtocolError, match="invalid BOOL value 2"):
+                    async with c.stream("m", {"x": X}) as response:
+                        await response.tensors()
+                assert response.body.failed
+                with pytest.raises(LocalProtocolError, match="ERROR state"):
+                    await response.tensors()
+                with pytest.raises(LocalProtocolError, match="ERROR state"):
+                    await response.next_event()
 
     _run(main)

@@ -494,6 +494,30 @@ def test_a_gzip_bomb_error_body_is_read_in_bounded_memory(mode: str) -> None:
     assert peak < 8 * MiB, peak / MiB
 
 
+def test_an_error_body_that_decodes_to_little_is_read_no_further_than_the_bound() -> None:
+    # Empty stored deflate blocks, without end: 1 MiB of them as sent is
+    # where reading stops, though they decode to nothing.
+    pulled = 0
+
+    def endless() -> Iterator[bytes]:
+        nonlocal pulled
+        yield b"\x78\x01"  # a zlib header
+        while pulled < 64 * MiB:  # (a bound for the test's sake)
+            piece = b"\x00\x00\x00\xff\xff" * 13_107  # 64 KiB of empty blocks
+            pulled += len(piece)
+            yield piece
+
+    def reply(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(500, headers={"Content-Encoding": "deflate"}, content=endless())
+
+    transport = httpx.MockTransport(reply)
+    with httpx.Client(base_url="http://test", transport=transport) as client:
+        with pytest.raises(bphttpx.HTTPError) as info:
+            bphttpx.infer(client, "echo", {"x": np.ones(3, dtype=np.float32)})
+    assert info.value.status == 500
+    assert pulled <= bphttpx.MAX_ERROR_BODY + 64 * 1024
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("encoding", ["gzip", "deflate", "x-gzip"])
 def test_a_compressed_v2_error_body_gives_its_message(mode: str, encoding: str) -> None:

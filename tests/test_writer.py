@@ -429,6 +429,14 @@ def test_a_header_nested_too_deep_to_decode_is_refused() -> None:
     deep = b"[" * 100_000 + b"]" * 100_000
     with pytest.raises(LocalProtocolError, match="too deep to decode"):
         BodyWriter(b'{"outputs":[],"parameters":{"a":' + deep + b"}}")
+    # As a mapping: refused as it is serialized.
+    nested: list[Any] = []
+    inner = nested
+    for _ in range(100_000):
+        inner.append([])
+        inner = inner[0]
+    with pytest.raises(LocalProtocolError, match="nested too deep"):
+        BodyWriter({"outputs": [], "parameters": {"a": nested}})
 
 
 def test_a_header_given_as_bytes_is_sent_as_given() -> None:
