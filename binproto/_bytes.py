@@ -3,10 +3,8 @@ joined at once."""
 
 from __future__ import annotations
 
-import io
 import struct
 from collections.abc import Iterable, Iterator
-from itertools import chain, repeat
 from typing import Any
 
 import numpy as np
@@ -262,29 +260,27 @@ def join_bytes(elements: Iterable[Any]) -> np.ndarray[Any, np.dtype[np.uint8]]:
 # Elements whose len() is their size in bytes, taken as they are.
 _PLAIN = {bytes, bytearray}
 
-# The blank written where each length prefix goes.
-_GAP = bytes(4)
+# The blank each length prefix is written over (a bytearray: the joined
+# wire form is writable).
+_GAP = bytearray(4)
 
 
 def join_plain(elements: list[bytes] | list[memoryview]) -> np.ndarray[Any, np.dtype[np.uint8]]:
     """:func:`join_bytes` of elements already known to be ``bytes`` or
-    ``bytearray``, or flat byte views: what the encoder has made of a tensor.
+    ``bytearray``, or flat byte views (their ``len()`` is their size in
+    bytes): what the encoder has made of a tensor.
 
-    No per-element Python loop: one pass of ``BytesIO.write`` lays the
-    elements out, each after a blank 4-byte gap (the wire form with blank
-    prefixes, one copy of the data), and gives their sizes; then numpy writes
-    every prefix at once from the array of sizes.
+    No per-element Python loop: one join lays the elements out with a 4-byte
+    gap before each (the wire form with blank prefixes, one copy of the
+    data), then numpy writes every prefix at once from the array of lengths.
     """
     n = len(elements)
     if not n:
         return np.empty(0, dtype=np.uint8)
-    data = io.BytesIO()
-    pieces: Iterator[Any] = chain.from_iterable(zip(repeat(_GAP), elements))
-    written = map(data.write, pieces)
-    lengths = np.fromiter(written, dtype=np.int64, count=2 * n)[1::2]
+    lengths = np.fromiter(map(len, elements), dtype=np.int64, count=n)
     if int(lengths.max()) > 0xFFFFFFFF:
         raise LocalProtocolError("a BYTES element is longer than 2**32 - 1 bytes")
-    out = np.frombuffer(data.getbuffer(), dtype=np.uint8)
+    out = np.frombuffer(_GAP.join([b"", *elements]), dtype=np.uint8)
     sizes = lengths + 4
     starts = np.cumsum(sizes) - sizes
     prefixes = lengths.astype("<u4").view(np.uint8).reshape(n, 4)
