@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 try:
     import h11
@@ -34,7 +34,14 @@ from binproto._assemble import Destinations
 from binproto._compression import inflate_whole, normalize_encoding
 from binproto._http import header_value
 
-from ._server import BodyReader, ByteStream, MessageBody, write_compressed
+from ._server import (
+    BodyReader,
+    ByteStream,
+    MessageBody,
+    ProbesIdle,
+    capabilities,
+    write_compressed,
+)
 from .h11 import (
     HTTPError,
     error_message,
@@ -208,6 +215,15 @@ class ClientCore:
             await stream.aclose()
 
     async def _connection(self) -> tuple[ByteStream, h11.Connection]:
+        stream = self._stream
+        if (
+            stream is not None
+            and capabilities(stream).probes_idle
+            and cast(ProbesIdle, stream).is_readable()
+        ):
+            # Between requests the server closed the connection (its keep-alive
+            # timeout, most often) or sent what no request asked for: a new one.
+            await self.aclose()
         if self._stream is None or self._conn is None:
             self._stream = await self._open_stream()
             self._conn = h11.Connection(h11.CLIENT)
@@ -337,9 +353,12 @@ class ClientCore:
                 self._next_cycle(conn)
             elif result.body.complete:
                 # h11 did not see the body: a fresh connection state, same socket,
-                # unless the server said it closes.
+                # unless the server said it closes, or closed, or sent bytes past
+                # its response (that no request asked for: not to be taken for
+                # the next answer; see also ProbesIdle).
+                extra, closed = reader.rest()
                 self._conn = h11.Connection(h11.CLIENT)
-                self._stream_to_close = _closes(response)
+                self._stream_to_close = _closes(response) or closed or bool(len(extra))
                 ok = True
         except BaseException as exc:
             # The fault keeps frames that reach the response (the caller's

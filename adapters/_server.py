@@ -94,6 +94,7 @@ __all__ = [
     "InferenceError",
     "MessageBody",
     "Model",
+    "ProbesIdle",
     "ReadsAhead",
     "ReceivesInto",
     "Route",
@@ -191,6 +192,18 @@ class ReadsAhead(Protocol):
     read_size: int
 
 
+@runtime_checkable
+class ProbesIdle(Protocol):
+    """A :class:`ByteStream` that tells, without waiting, whether the peer
+    has sent bytes or closed its side. The client asks before it sends a
+    request on a connection that was idle: a server closes an idle
+    connection after its keep-alive timeout, and a request sent on it would
+    fail; the client opens a new connection instead."""
+
+    def is_readable(self) -> bool:
+        """True when bytes (or the end of the stream) are waiting to be read."""
+
+
 class Capabilities(NamedTuple):
     """Which of the optional protocols a stream's class implements."""
 
@@ -198,6 +211,7 @@ class Capabilities(NamedTuple):
     runs_in_threads: bool
     yields: bool
     read_size: int
+    probes_idle: bool = False
 
 
 _CAPABILITIES: dict[type, Capabilities] = {}
@@ -214,6 +228,7 @@ def capabilities(stream: ByteStream) -> Capabilities:
             isinstance(stream, RunsInThreads),
             isinstance(stream, Yields),
             stream.read_size if isinstance(stream, ReadsAhead) else CHUNK,
+            isinstance(stream, ProbesIdle),
         )
     return found
 

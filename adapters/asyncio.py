@@ -39,6 +39,7 @@ Client::
 from __future__ import annotations
 
 import asyncio
+import select
 import socket
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
@@ -161,6 +162,12 @@ class StreamsStream(_WorkerThreads):
     async def aclose(self) -> None:
         """Close the connection."""
         self._writer.close()
+
+    def is_readable(self) -> bool:
+        """True when the peer has closed its side (see
+        :class:`~binproto.adapters._server.ProbesIdle`); bytes it sent unasked
+        wait in the stream reader, which does not say so."""
+        return self._reader.at_eof() or self._writer.is_closing()
 
 
 class _ReceiveProtocol(asyncio.BufferedProtocol):
@@ -467,6 +474,13 @@ class SocketStream(_ReceiveInto):
     async def aclose(self) -> None:
         """Close the connection."""
         self._sock.close()
+
+    def is_readable(self) -> bool:
+        """True when bytes or the end of the stream wait on the socket (see
+        :class:`~binproto.adapters._server.ProbesIdle`)."""
+        if self._sock.fileno() < 0:  # closed
+            return True
+        return bool(select.select([self._sock], [], [], 0)[0])
 
 
 # The connection tasks of each server start_server made (see close_server).

@@ -200,6 +200,11 @@ class TrioSocketStream(TrioStream):
 
     stream: trio.SocketStream
 
+    def is_readable(self) -> bool:
+        """True when bytes or the end of the stream wait on the socket (see
+        :class:`~binproto.adapters._server.ProbesIdle`)."""
+        return bool(self.stream.socket.is_readable())
+
     async def _at_once(self, call: Callable[[int], _T]) -> _T | None:
         """``call(fd)`` on the socket's (non-blocking) descriptor, made now as
         trio makes a socket call that does not wait: a cancellation point

@@ -1694,11 +1694,11 @@ def test_streams_declare_what_they_offer_beyond_a_byte_stream() -> None:
         in_place: _server.ReceivesInto = sock_stream  # checked by mypy too
         threads: _server.RunsInThreads = sock_stream
         assert in_place is threads  # type: ignore[comparison-overlap]
-        assert _server.capabilities(sock_stream) == (True, True, True, _server.CHUNK)
+        assert _server.capabilities(sock_stream) == (True, True, True, _server.CHUNK, True)
     finally:
         a.close()
         b.close()
-    assert _server.capabilities(Minimal()) == (False, False, False, _server.CHUNK)
+    assert _server.capabilities(Minimal()) == (False, False, False, _server.CHUNK, False)
     assert StreamsStream.read_size > _server.CHUNK
     reader = _server.BodyReader(Minimal(), h11.Connection(h11.SERVER), 0, receive_in_place=True)
     assert reader.checkpoint is None and reader.to_thread is None and not reader.in_place

@@ -5,6 +5,7 @@ response leaves behind. Run through the asyncio client, both transports."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import gzip
 import weakref
@@ -15,10 +16,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+import trio
 
 import binproto
 from binproto import LocalProtocolError, RemoteProtocolError
-from binproto.adapters.asyncio import Client
+from binproto.adapters import trio as bt
+from binproto.adapters._server import Timeouts, V2Server
+from binproto.adapters.asyncio import Client, close_server, start_server
 from binproto.adapters.h11 import HTTPError, error_message
 
 
@@ -267,5 +271,85 @@ def test_a_failed_response_still_refuses_later_calls() -> None:
                     await response.tensors()
                 with pytest.raises(LocalProtocolError, match="ERROR state"):
                     await response.next_event()
+
+    _run(main)
+
+
+@pytest.mark.parametrize("zero_copy", [True, False])
+def test_a_connection_the_server_closed_while_idle_is_not_used_again(zero_copy: bool) -> None:
+    # The server's keep-alive timeout closes the connection between two
+    # requests: the second goes on a new connection instead of failing.
+    server = V2Server(timeouts=Timeouts(keep_alive=0.2, head=5, body=5, write=5))
+
+    async def main() -> None:
+        srv = await start_server(server, "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        try:
+            async with Client("127.0.0.1", port, zero_copy=zero_copy) as c:
+                for _ in range(2):
+                    out = await c.infer("echo", {"x": X})
+                    assert np.array_equal(out["x"], X)
+                    await asyncio.sleep(0.5)
+        finally:
+            await close_server(srv)
+
+    _run(main)
+
+
+def test_a_connection_the_trio_server_closed_while_idle_is_not_used_again() -> None:
+    server = V2Server(timeouts=Timeouts(keep_alive=0.2, head=5, body=5, write=5))
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(bt.serve, server, "127.0.0.1", 0)
+            async with bt.Client("127.0.0.1", port) as c:
+                for _ in range(2):
+                    out = await c.infer("echo", {"x": X})
+                    assert np.array_equal(out["x"], X)
+                    await trio.sleep(0.5)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+@pytest.mark.parametrize("size", [6, 100_000])  # decoded whole, and through the parser
+def test_bytes_the_server_sent_unasked_are_not_taken_for_the_next_answer(size: int) -> None:
+    # A stray second response right behind the first, on a connection that
+    # stays open: the next request goes on a new connection (the socket says
+    # bytes are waiting) instead of taking the stray one for its answer.
+    body, hl = _response({"y": np.arange(size, dtype=np.float32)})
+    head = b"HTTP/1.1 200 OK\r\nInference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
+    good = head % (hl, len(body)) + body
+    stray, stray_hl = _response({"y": np.full(size, 7, dtype=np.float32)})
+    bad = head % (stray_hl, len(stray)) + stray
+    connections = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        first = connections == 1
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                request_head = await reader.readuntil(b"\r\n\r\n")
+                for line in request_head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        await reader.readexactly(int(line.split(b":")[1]))
+                writer.write(good + bad if first else good)
+                await writer.drain()
+        writer.close()
+
+    async def main() -> None:
+        srv = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        try:
+            async with Client("127.0.0.1", port) as c:
+                for _ in range(2):
+                    out = await c.infer("m", {"x": X})
+                    assert np.array_equal(out["y"], np.arange(size, dtype=np.float32))
+                    await asyncio.sleep(0.1)  # (the stray bytes arrive)
+        finally:
+            srv.close()
+            await srv.wait_closed()
+        assert connections == 2
 
     _run(main)
