@@ -285,12 +285,10 @@ class ClientCore:
 
     def _next_cycle(self, conn: h11.Connection) -> None:
         # (A response framed by the close ends DONE/DONE too: the peer has
-        # closed, which h11 has seen.)
-        if (
-            conn.our_state is h11.DONE
-            and conn.their_state is h11.DONE
-            and not conn.trailing_data[1]
-        ):
+        # closed, which h11 has seen. Bytes past the response, which no
+        # request asked for, end the connection too.)
+        extra, closed = conn.trailing_data
+        if conn.our_state is h11.DONE and conn.their_state is h11.DONE and not (closed or extra):
             conn.start_next_cycle()
         else:
             self._stream_to_close = True

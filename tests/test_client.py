@@ -312,14 +312,22 @@ def test_a_connection_the_trio_server_closed_while_idle_is_not_used_again() -> N
     trio.run(main)
 
 
+@pytest.mark.parametrize("chunked", [False, True])
 @pytest.mark.parametrize("size", [6, 100_000])  # decoded whole, and through the parser
-def test_bytes_the_server_sent_unasked_are_not_taken_for_the_next_answer(size: int) -> None:
+def test_bytes_the_server_sent_unasked_are_not_taken_for_the_next_answer(
+    size: int, chunked: bool
+) -> None:
     # A stray second response right behind the first, on a connection that
     # stays open: the next request goes on a new connection (the socket says
     # bytes are waiting) instead of taking the stray one for its answer.
     body, hl = _response({"y": np.arange(size, dtype=np.float32)})
     head = b"HTTP/1.1 200 OK\r\nInference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
     good = head % (hl, len(body)) + body
+    if chunked:  # through h11, which would keep the stray bytes for the next cycle
+        good = (
+            b"HTTP/1.1 200 OK\r\nInference-Header-Content-Length: %d\r\n" % hl
+            + b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+        )
     stray, stray_hl = _response({"y": np.full(size, 7, dtype=np.float32)})
     bad = head % (stray_hl, len(stray)) + stray
     connections = 0
