@@ -110,6 +110,15 @@ def _closes(response: h11.Response) -> bool:
     return closing or response.http_version != b"1.1"
 
 
+def _closed_or_busy(stream: ByteStream) -> bool:
+    """Whether a kept connection must not carry the next request: bytes or
+    the end wait on it, or asking failed."""
+    try:
+        return cast(ProbesIdle, stream).is_readable()
+    except (OSError, ValueError):
+        return True
+
+
 def _error(response: h11.Response, data: bytes) -> HTTPError:
     """The error an error response stands for; a gzip or deflate body (one
     the client asked for with ``accept_encoding``) decoded, to at most
@@ -216,11 +225,7 @@ class ClientCore:
 
     async def _connection(self) -> tuple[ByteStream, h11.Connection]:
         stream = self._stream
-        if (
-            stream is not None
-            and capabilities(stream).probes_idle
-            and cast(ProbesIdle, stream).is_readable()
-        ):
+        if stream is not None and capabilities(stream).probes_idle and _closed_or_busy(stream):
             # Between requests the server closed the connection (its keep-alive
             # timeout, most often) or sent what no request asked for: a new one.
             await self.aclose()

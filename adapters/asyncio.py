@@ -39,7 +39,6 @@ Client::
 from __future__ import annotations
 
 import asyncio
-import select
 import socket
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
@@ -164,9 +163,9 @@ class StreamsStream(_WorkerThreads):
         self._writer.close()
 
     def is_readable(self) -> bool:
-        """True when the peer has closed its side (see
-        :class:`~binproto.adapters._server.ProbesIdle`); bytes it sent unasked
-        wait in the stream reader, which does not say so."""
+        """True when the peer has closed its side and nothing it sent is left
+        (see :class:`~binproto.adapters._server.ProbesIdle`); bytes it sent
+        unasked wait in the stream reader, which does not say so."""
         return self._reader.at_eof() or self._writer.is_closing()
 
 
@@ -477,10 +476,15 @@ class SocketStream(_ReceiveInto):
 
     def is_readable(self) -> bool:
         """True when bytes or the end of the stream wait on the socket (see
-        :class:`~binproto.adapters._server.ProbesIdle`)."""
-        if self._sock.fileno() < 0:  # closed
+        :class:`~binproto.adapters._server.ProbesIdle`): a peek of one byte
+        that does not wait (``select`` would refuse descriptors past 1023)."""
+        try:
+            self._sock.recv(1, socket.MSG_PEEK)  # (non-blocking: raises if nothing waits)
+        except BlockingIOError:
+            return False
+        except OSError:  # reset, or closed here: not to be used again either
             return True
-        return bool(select.select([self._sock], [], [], 0)[0])
+        return True  # a byte, or b"" at the end of the stream
 
 
 # The connection tasks of each server start_server made (see close_server).

@@ -98,6 +98,13 @@ class TrioStream:
         self.stream = stream
         self.timeout = timeout
 
+    def is_readable(self) -> bool:
+        """True when bytes or the end of the stream wait on a socket stream's
+        socket (see :class:`~binproto.adapters._server.ProbesIdle`); False,
+        unknown, for any other stream (TLS, in memory)."""
+        stream = self.stream
+        return isinstance(stream, trio.SocketStream) and bool(stream.socket.is_readable())
+
     async def _bounded(self, op: Callable[[], Awaitable[_T]]) -> _T:
         """``await op()`` within :attr:`timeout`. Past it :class:`TimeoutError`
         (trio would say TooSlowError; the ByteStream contract and the server's
@@ -199,11 +206,6 @@ class TrioSocketStream(TrioStream):
     """
 
     stream: trio.SocketStream
-
-    def is_readable(self) -> bool:
-        """True when bytes or the end of the stream wait on the socket (see
-        :class:`~binproto.adapters._server.ProbesIdle`)."""
-        return bool(self.stream.socket.is_readable())
 
     async def _at_once(self, call: Callable[[int], _T]) -> _T | None:
         """``call(fd)`` on the socket's (non-blocking) descriptor, made now as

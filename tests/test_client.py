@@ -8,6 +8,8 @@ import asyncio
 import contextlib
 import gc
 import gzip
+import os
+import resource
 import weakref
 import zlib
 from collections.abc import AsyncIterator, Callable
@@ -275,41 +277,87 @@ def test_a_failed_response_still_refuses_later_calls() -> None:
     _run(main)
 
 
+class _Counting(V2Server):
+    """The echo server, counting the connections it serves."""
+
+    connections = 0
+
+    async def serve_connection(self, stream: Any, timeouts: Timeouts | None = None) -> None:
+        self.connections += 1
+        await super().serve_connection(stream, timeouts)
+
+
+def _idle_closing() -> _Counting:
+    return _Counting(timeouts=Timeouts(keep_alive=0.2, head=5, body=5, write=5))
+
+
 @pytest.mark.parametrize("zero_copy", [True, False])
 def test_a_connection_the_server_closed_while_idle_is_not_used_again(zero_copy: bool) -> None:
     # The server's keep-alive timeout closes the connection between two
     # requests: the second goes on a new connection instead of failing.
-    server = V2Server(timeouts=Timeouts(keep_alive=0.2, head=5, body=5, write=5))
+    server = _idle_closing()
 
     async def main() -> None:
         srv = await start_server(server, "127.0.0.1", 0)
         port = srv.sockets[0].getsockname()[1]
         try:
             async with Client("127.0.0.1", port, zero_copy=zero_copy) as c:
-                for _ in range(2):
+                for i in range(2):
+                    await asyncio.sleep(0.5 * i)
                     out = await c.infer("echo", {"x": X})
                     assert np.array_equal(out["x"], X)
-                    await asyncio.sleep(0.5)
         finally:
             await close_server(srv)
 
     _run(main)
+    assert server.connections == 2
 
 
-def test_a_connection_the_trio_server_closed_while_idle_is_not_used_again() -> None:
-    server = V2Server(timeouts=Timeouts(keep_alive=0.2, head=5, body=5, write=5))
+@pytest.mark.parametrize("zero_copy", [True, False])
+def test_a_connection_the_trio_server_closed_while_idle_is_not_used_again(zero_copy: bool) -> None:
+    server = _idle_closing()
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             port = await nursery.start(bt.serve, server, "127.0.0.1", 0)
-            async with bt.Client("127.0.0.1", port) as c:
-                for _ in range(2):
+            async with bt.Client("127.0.0.1", port, zero_copy=zero_copy) as c:
+                for i in range(2):
+                    await trio.sleep(0.5 * i)
                     out = await c.infer("echo", {"x": X})
                     assert np.array_equal(out["x"], X)
-                    await trio.sleep(0.5)
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+    assert server.connections == 2
+
+
+def test_a_kept_connection_is_used_again_whatever_its_descriptor() -> None:
+    # Descriptors past 1023, which select() refuses: the probe does not.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"at most {hard} open files here")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    server = _Counting()
+    try:
+
+        async def main() -> None:
+            srv = await start_server(server, "127.0.0.1", 0)
+            port = srv.sockets[0].getsockname()[1]
+            try:
+                async with Client("127.0.0.1", port) as c:
+                    for _ in range(3):
+                        assert np.array_equal((await c.infer("echo", {"x": X}))["x"], X)
+                    assert c._stream is not None and c._stream._sock.fileno() > 1023  # type: ignore[attr-defined]
+            finally:
+                await close_server(srv)
+
+        _run(main)
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert server.connections == 1
 
 
 @pytest.mark.parametrize("chunked", [False, True])
