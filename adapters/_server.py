@@ -70,6 +70,7 @@ from binproto import (
 from binproto._assemble import Destinations
 from binproto._compression import GZIP_AHEAD, check_gzip_size
 from binproto._util import aligned_arrays, aligned_copy
+from binproto._writer import response_start
 
 from .h11 import (
     ResponseFramer,
@@ -1368,6 +1369,8 @@ class V2Server:
                 ]
                 pieces.append(framer.send(h11.EndOfMessage()))
         except (ProtocolError, InferenceError) as exc:
+            if isinstance(exc, LocalProtocolError):  # a handler's misuse: the server's fault
+                log.error("error while serving %s", target, exc_info=exc)
             _release(exc, reader.failed)
             return _carry(await self._error(stream, framer, exc, reader, timeouts), reader)
         except TimeoutError as exc:
@@ -1498,8 +1501,11 @@ class V2Server:
         self, stream: ByteStream, framer: ResponseFramer, response: StreamingResponse
     ) -> None:
         writer = response.writer
+        # A writer that cannot start (a request's header, started already) is
+        # refused before the head goes out: the client gets a 500, not a cut body.
+        start = response_start(writer)
         head = framer.send(response_for(200, None, headers=writer.headers))
-        await stream.send_all([head, framer.send(h11.Data(data=writer.start()))])
+        await stream.send_all([head, framer.send(h11.Data(data=start))])
         async for index, data in response.chunks:
             await stream.send_all(send_data(framer, writer.send(index, data)))
         writer.end()

@@ -68,6 +68,7 @@ from binproto._decode import decode
 from binproto._http import error_text
 from binproto._parser import DEFAULT_LIMITS, check_arguments
 from binproto._util import aligned_arrays, aligned_copy, as_byte_view, gather_small
+from binproto._writer import response_start
 
 if TYPE_CHECKING:
     from starlette.background import BackgroundTask
@@ -370,6 +371,13 @@ def _raw_headers(headers: Iterable[tuple[Any, Any]]) -> list[tuple[bytes, bytes]
     ]
 
 
+def _chunk_size(chunk_size: Any) -> int:
+    """``chunk_size`` when it is a whole number of bytes, at least one."""
+    if type(chunk_size) is not int or chunk_size < 1:
+        raise LocalProtocolError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    return chunk_size
+
+
 def _pieces(buffers: Iterable[Any], chunk_size: int) -> Iterator[memoryview]:
     """Byte views of ``buffers`` (empty ones included), each cut into views of
     at most ``chunk_size`` bytes."""
@@ -400,7 +408,7 @@ async def send_buffers(
     message costs the server a write. The last message ends the body.
     ``buffers`` may be lazy (a compressor's output): it is read as it is sent.
     """
-    await _send_raw(send, buffers, status, _raw_headers(headers), chunk_size)
+    await _send_raw(send, buffers, status, _raw_headers(headers), _chunk_size(chunk_size))
 
 
 async def _send_raw(
@@ -451,7 +459,7 @@ class BufferResponse(_ResponseBase):
         self.status_code = status_code
         self.raw_headers = _raw_headers(items)
         self.background = background
-        self.chunk_size = chunk_size
+        self.chunk_size = _chunk_size(chunk_size)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Send the response (an ASGI application)."""
@@ -497,6 +505,10 @@ class EncodedResponse(BufferResponse):
             raise LocalProtocolError(
                 f"encoding must be 'gzip', 'deflate' or None, got {encoding!r}"
             ) from None
+        if coding is not None and not (
+            type(compression_level) is int and -1 <= compression_level <= 9
+        ):
+            raise LocalProtocolError(f"compression level must be -1..9, got {compression_level!r}")
         items = list(headers.items() if isinstance(headers, Mapping) else headers)
         framing: list[tuple[Any, Any]] = body.headers
         if coding is not None:
@@ -558,7 +570,7 @@ class WriterResponse(_ResponseBase):
         self.status_code = status_code
         self.raw_headers = _raw_headers([*writer.headers, *items])
         self.background = background
-        self.chunk_size = chunk_size
+        self.chunk_size = _chunk_size(chunk_size)
 
     async def _iter_pieces(self) -> AsyncIterator[tuple[int | str, Any]]:
         pieces = self.pieces
@@ -572,10 +584,10 @@ class WriterResponse(_ResponseBase):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Send the response (an ASGI application)."""
         writer = self.writer
+        start = response_start(writer)  # (refused before the response starts)
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
-        start = writer.start()
         await send({"type": "http.response.body", "body": start, "more_body": True})
         async for index, data in self._iter_pieces():
             for piece in _pieces((writer.send(index, data),), self.chunk_size):

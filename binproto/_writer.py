@@ -18,7 +18,7 @@ from ._limits import Limits
 from ._readers import check_header
 from ._util import as_byte_view, check_bool
 
-__all__ = ["BodyWriter"]
+__all__ = ["BodyWriter", "response_start"]
 
 _T = TypeVar("_T")
 
@@ -272,3 +272,13 @@ class BodyWriter:
             f"BodyWriter(kind={self.header.kind!r}, state={self._state.value},"
             f" content_length={self.content_length})"
         )
+
+
+def response_start(writer: BodyWriter) -> bytes:
+    """``writer.start()`` for a response's body: a writer of a request's
+    header is :class:`LocalProtocolError` (its body would go out as an
+    answer). For the servers and the ASGI adapter, before any of the
+    response is sent."""
+    if writer.header.kind != "response":
+        raise LocalProtocolError("a streaming response needs a BodyWriter of a response header")
+    return writer.start()

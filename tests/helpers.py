@@ -117,3 +117,40 @@ def arrays_equal(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> bool:
     if a.dtype == object or b.dtype == object:
         return [bytes(x) for x in a.ravel()] == [bytes(x) for x in b.ravel()]
     return bool(np.array_equal(a, b))
+
+
+class Scripted:
+    """A ByteStream that hands out ``pieces``, one read each, then times out
+    every wait, noting the timeout the server had set for it; what the
+    server sends is kept in ``sent``."""
+
+    def __init__(self, *pieces: bytes) -> None:
+        self.pieces = list(pieces)
+        self.timeout: float | None = None
+        self.waits: list[float | None] = []
+        self.sent = bytearray()
+
+    async def receive_some(self, max_bytes: int) -> bytes:
+        if not self.pieces:
+            self.waits.append(self.timeout)
+            raise TimeoutError(f"no bytes from the peer within {self.timeout} s")
+        piece = self.pieces.pop(0)
+        if len(piece) > max_bytes:
+            self.pieces.insert(0, piece[max_bytes:])
+        return piece[:max_bytes]
+
+    async def send_all(self, buffers: Any) -> None:
+        for buffer in buffers:
+            self.sent += buffer
+
+    async def aclose(self) -> None:
+        pass
+
+
+class ScriptedInPlace(Scripted):
+    """:class:`Scripted` that also receives into the caller's memory."""
+
+    async def receive_into(self, view: memoryview) -> int:
+        data = await self.receive_some(len(view))
+        view[: len(data)] = data
+        return len(data)

@@ -588,6 +588,48 @@ def test_writer_response_producer_faults(pieces: list[tuple[int, Any]]) -> None:
     assert len(rec.body()) < writer.content_length
 
 
+@pytest.mark.parametrize("started", [False, True])
+def test_a_writer_that_cannot_start_is_refused_before_the_response(started: bool) -> None:
+    # A request's header, or a writer already started: refused before
+    # http.response.start, so the server can still answer 500.
+    if started:
+        writer = binproto.BodyWriter(stream_header(2))
+        writer.start()
+    else:
+        tensor: dict[str, Any] = {"name": "x", "datatype": "UINT8", "shape": [1]}
+        tensor["parameters"] = {"binary_data_size": 1}
+        writer = binproto.BodyWriter({"inputs": [tensor]})
+    rec = Recorder()
+    with pytest.raises(binproto.LocalProtocolError):
+        asyncio.run(asgi.WriterResponse(writer, [])({"type": "http"}, _no_receive, rec))
+    assert rec.messages == []
+
+
+@pytest.mark.parametrize("size", [0, -1, 1.5, "8"])
+def test_a_chunk_size_that_is_no_positive_int_is_refused(size: Any) -> None:
+    body = binproto.encode_response({"y": np.zeros(4, dtype=np.float32)}, model_name="m")
+    writer = binproto.BodyWriter(stream_header(2))
+    for make in (
+        lambda: asgi.EncodedResponse(body, chunk_size=size),
+        lambda: asgi.BufferResponse(body.buffers, headers=body.headers, chunk_size=size),
+        lambda: asgi.WriterResponse(writer, [], chunk_size=size),
+    ):
+        with pytest.raises(binproto.LocalProtocolError, match="chunk_size"):
+            make()
+    rec = Recorder()
+    send = asgi.send_buffers(rec, body.buffers, headers=body.headers, chunk_size=size)
+    with pytest.raises(binproto.LocalProtocolError, match="chunk_size"):
+        asyncio.run(send)
+    assert rec.messages == []
+
+
+@pytest.mark.parametrize("level", [10, -2, "x"])
+def test_a_bad_compression_level_is_refused_before_the_response(level: Any) -> None:
+    body = binproto.encode_response({"y": np.zeros(4, dtype=np.float32)}, model_name="m")
+    with pytest.raises(binproto.LocalProtocolError, match="compression level"):
+        asgi.EncodedResponse(body, encoding="gzip", compression_level=level)
+
+
 def test_error_response_uses_the_status_hint() -> None:
     rec = Recorder()
     err = binproto.RemoteProtocolError("too big", status_hint=413, offset=3)

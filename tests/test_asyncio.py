@@ -35,12 +35,15 @@ from binproto.adapters._server import (
     KnownHeads,
     Model,
     StreamingResponse,
+    Timeouts,
     V2Server,
     echo_model,
 )
 from binproto.adapters.asyncio import Client, close_server, serve, start_server
 from binproto.adapters.h11 import HTTPError, receive_events, request_for, response_for, send_message
 from binproto.adapters.h11 import parser_for as parser_from_head
+
+from .helpers import Scripted
 
 # -- a server on a background thread ------------------------------------------
 
@@ -1763,3 +1766,73 @@ def test_h11_is_asked_for_an_event_only_when_it_holds_bytes(
     asyncio.run(V2Server([echo_model()]).serve_connection(Requests()))
     assert len(answers) == 3 and all(a.startswith(b"HTTP/1.1 200 ") for a in answers)
     assert [type(e).__name__ for e in events] == ["Request"] * 3 + ["ConnectionClosed"]
+
+
+def _streaming(writer_of: Callable[[], binproto.BodyWriter]) -> Any:
+    async def handler(request: InferRequest) -> StreamingResponse:
+        await request.tensors()
+
+        async def chunks() -> AsyncIterator[tuple[int, Any]]:
+            yield 0, b"abcd"
+
+        return StreamingResponse(writer_of(), chunks())
+
+    return handler
+
+
+def _response_header() -> dict[str, Any]:
+    return {
+        "model_name": "s",
+        "outputs": [
+            {"name": "y", "datatype": "UINT8", "shape": [4], "parameters": {"binary_data_size": 4}}
+        ],
+    }
+
+
+def _started() -> binproto.BodyWriter:
+    writer = binproto.BodyWriter(_response_header())
+    writer.start()
+    return writer
+
+
+def _of_a_request() -> binproto.BodyWriter:
+    header = _response_header()
+    return binproto.BodyWriter({"inputs": header["outputs"]})
+
+
+@pytest.mark.parametrize("writer_of", [_started, _of_a_request])
+def test_a_streaming_writer_that_cannot_start_is_a_logged_500(
+    writer_of: Callable[[], binproto.BodyWriter], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Refused before the response's head goes out: the client gets a 500
+    # (not a closed connection, nor a request's body as the answer), logged.
+    body = binproto.encode_request({"x": np.zeros(4, dtype=np.float32)})
+    conn = h11.Connection(h11.CLIENT)
+    wire = b"".join(
+        bytes(p) for p in send_message(conn, request_for("/v2/models/s/infer", body), body)
+    )
+    stream = Scripted(wire)
+    server = V2Server([Model("s", _streaming(writer_of))], timeouts=Timeouts(keep_alive=1))
+    with caplog.at_level(logging.ERROR, logger="binproto.server"):
+        asyncio.run(server.serve_connection(stream))
+    assert stream.sent.startswith(b"HTTP/1.1 500 "), bytes(stream.sent[:200])
+    assert "error while serving /v2/models/s/infer" in caplog.text
+
+
+def test_a_handlers_local_protocol_error_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    async def complex_output(request: InferRequest) -> dict[str, Any]:
+        await request.tensors()
+        return {"y": np.arange(3) + 1j}  # no V2 datatype: the encoder refuses it
+
+    body = binproto.encode_request({"x": np.zeros(4, dtype=np.float32)})
+    conn = h11.Connection(h11.CLIENT)
+    wire = b"".join(
+        bytes(p) for p in send_message(conn, request_for("/v2/models/c/infer", body), body)
+    )
+    stream = Scripted(wire)
+    server = V2Server([Model("c", complex_output)], timeouts=Timeouts(keep_alive=1))
+    with caplog.at_level(logging.ERROR, logger="binproto.server"):
+        asyncio.run(server.serve_connection(stream))
+    assert stream.sent.startswith(b"HTTP/1.1 500 "), bytes(stream.sent[:200])
+    assert "error while serving /v2/models/c/infer" in caplog.text
+    assert "no V2 datatype" in caplog.text

@@ -25,6 +25,8 @@ from binproto.adapters._server import Model, Timeouts, V2Server
 from binproto.adapters.asyncio import close_server, start_server
 from binproto.adapters.h11 import request_for, send_message
 
+from .helpers import Scripted, ScriptedInPlace
+
 BACKENDS = ["asyncio", "asyncio-streams", "trio"]
 
 
@@ -204,46 +206,9 @@ def test_a_stalled_body_is_answered_408(backend: str) -> None:
     assert 0.5 <= elapsed < 0.95  # one body timeout (two take 1.0 s)
 
 
-class _Scripted:
-    """A ByteStream that hands out ``pieces``, one read each, then times out
-    every wait, noting the timeout the server had set for it; what the
-    server sends is kept in ``sent``."""
-
-    def __init__(self, *pieces: bytes) -> None:
-        self.pieces = list(pieces)
-        self.timeout: float | None = None
-        self.waits: list[float | None] = []
-        self.sent = bytearray()
-
-    async def receive_some(self, max_bytes: int) -> bytes:
-        if not self.pieces:
-            self.waits.append(self.timeout)
-            raise TimeoutError(f"no bytes from the peer within {self.timeout} s")
-        piece = self.pieces.pop(0)
-        if len(piece) > max_bytes:
-            self.pieces.insert(0, piece[max_bytes:])
-        return piece[:max_bytes]
-
-    async def send_all(self, buffers: Any) -> None:
-        for buffer in buffers:
-            self.sent += buffer
-
-    async def aclose(self) -> None:
-        pass
-
-
-class _ScriptedInPlace(_Scripted):
-    """:class:`_Scripted` that also receives into the caller's memory."""
-
-    async def receive_into(self, view: memoryview) -> int:
-        data = await self.receive_some(len(view))
-        view[: len(data)] = data
-        return len(data)
-
-
-@pytest.mark.parametrize("stream_type", [_Scripted, _ScriptedInPlace])
+@pytest.mark.parametrize("stream_type", [Scripted, ScriptedInPlace])
 def test_a_body_that_stalls_in_the_handler_is_waited_for_once(
-    stream_type: type[_Scripted],
+    stream_type: type[Scripted],
 ) -> None:
     # The handler's tensors() times out on the body; the server then answers
     # 408 at once: it does not wait for the rest of the body a second time
@@ -267,7 +232,7 @@ def test_a_handlers_own_timeout_is_a_500_not_a_408(caplog: pytest.LogCaptureFixt
     wire = b"".join(
         bytes(p) for p in send_message(conn, request_for("/v2/models/slow/infer", body), body)
     )
-    stream = _Scripted(wire)
+    stream = Scripted(wire)
     server = V2Server([Model("slow", deadline)], timeouts=Timeouts(keep_alive=1, head=2, body=3))
     asyncio.run(server.serve_connection(stream))
     assert stream.sent.startswith(b"HTTP/1.1 500 "), bytes(stream.sent[:200])
@@ -280,7 +245,7 @@ def test_a_handlers_own_timeout_is_a_500_not_a_408(caplog: pytest.LogCaptureFixt
 def test_no_head_timeout_leaves_a_begun_head_unbounded() -> None:
     # Timeouts(head=None): the rest of a head is waited for without a bound,
     # not with the keep-alive timeout left from the wait for its first bytes.
-    stream = _Scripted(b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n")
+    stream = Scripted(b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n")
     server = V2Server(timeouts=Timeouts(keep_alive=1, head=None, body=3, write=4))
     asyncio.run(server.serve_connection(stream))
     assert stream.waits == [None]
