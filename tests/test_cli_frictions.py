@@ -4,8 +4,10 @@ checks its exit status and that no traceback is printed."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -219,3 +221,57 @@ def test_inspect_without_the_header_length_points_at_it(tmp_path: Path) -> None:
     )
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "Inference-Header-Content-Length" in result.stdout + result.stderr
+
+
+def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "binproto", *args],
+        cwd=cwd,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _one_line_error(result: subprocess.CompletedProcess[str], command: str, says: str) -> None:
+    assert result.returncode in (1, 2), result
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(f"binproto {command}"), result.stderr
+    assert says in result.stderr, result.stderr
+
+
+def test_bad_files_and_outputs_are_one_line_errors(tmp_path: Path) -> None:
+    np.save(tmp_path / "a.npy", np.arange(3, dtype=np.float32))
+    (tmp_path / "empty.npy").write_bytes(b"")
+    (tmp_path / "bad.npz").write_bytes(b"PK\x03\x04garbage")
+    cases = [
+        (["encode", "x=empty.npy", "-o", "o.bin"], "cannot load 'empty.npy'"),
+        (["encode", "x=bad.npz", "-o", "o.bin"], "cannot load 'bad.npz'"),
+        (["encode", "x=a.npy", "-o", "no/such/dir/o.bin"], "No such file or directory"),
+        (["encode", "x=a.npy", "-o", "."], "Is a directory"),
+        (["encode", "x=a.npy", "x=a.npy", "-o", "o.bin"], "given more than once: ['x']"),
+    ]
+    for argv, says in cases:
+        _one_line_error(_cli(*argv, cwd=tmp_path), "encode", says)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_an_address_that_cannot_be_served_is_a_one_line_error(backend: str) -> None:
+    _one_line_error(_cli("serve", "--port", "99999"), "serve", "a port is 0 to 65535")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        result = _cli("serve", "--backend", backend, "--port", port)
+    _one_line_error(result, "serve", "in use")
+
+
+def test_inspect_json_of_infinities_is_json(tmp_path: Path) -> None:
+    np.save(tmp_path / "pn.npy", np.array([np.inf, -np.inf], dtype=np.float32))
+    encoded = _cli("encode", "x=pn.npy", "-o", "pn.bin", "--headers-out", "pn.h", cwd=tmp_path)
+    assert encoded.returncode == 0, encoded.stderr
+    result = _cli("inspect", "pn.bin", "--headers", "pn.h", "--json", cwd=tmp_path)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    summary = json.loads(result.stdout, parse_constant=lambda token: pytest.fail(token))
+    assert summary["tensors"][0]["mean"] == "nan"

@@ -72,6 +72,17 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _port(text: str) -> int:
+    """A TCP port number, 0 to 65535 (argparse's ``type``)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, got {port}")
+    return port
+
+
 def add_serve(subparsers: Any) -> None:
     """Register ``serve``: run the V2 reference server with the ``echo`` model."""
     p = subparsers.add_parser(
@@ -81,7 +92,7 @@ def add_serve(subparsers: Any) -> None:
         " each input comes back as the output of the same name.",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks one)")
+    p.add_argument("--port", type=_port, default=8000, help="port (default 8000; 0 picks one)")
     p.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
     p.add_argument(
         "--streams",
@@ -170,4 +181,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+    except (OSError, MemoryError) as exc:
+        # A file that cannot be opened or written, an address that cannot be
+        # bound or resolved, more memory than there is: one line, not a traceback.
+        reason = str(exc) or type(exc).__name__
+        print(f"binproto {args.command}: {reason}", file=sys.stderr)
+        return 1
     return result

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import sys
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -190,7 +191,8 @@ class TensorSummary:
         low, high = part.min(), part.max()
         self.minimum = low if self.minimum is None else min(self.minimum, low)
         self.maximum = high if self.maximum is None else max(self.maximum, high)
-        self._sum += float(np.sum(part, dtype=np.float64))
+        with np.errstate(invalid="ignore", over="ignore"):  # (inf and -inf sum to nan: said so)
+            self._sum += float(np.sum(part, dtype=np.float64))
 
     def finish(self) -> None:
         """The tensor is complete: decode the first BYTES elements."""
@@ -226,7 +228,7 @@ class TensorSummary:
         elif info.datatype != "BYTES" and self.minimum is not None:
             out["min"] = _scalar(self.minimum)
             out["max"] = _scalar(self.maximum)
-            out["mean"] = self._sum / (self.count - self.nan)
+            out["mean"] = _scalar(self._sum / (self.count - self.nan))  # (inf - inf: nan)
         if self.nan:
             out["nan"] = self.nan
         return out
@@ -463,8 +465,8 @@ def _load(spec: str) -> tuple[str, np.ndarray[Any, Any]]:
         path, key = head, tail
     try:
         loaded = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot load {path!r}: {exc}") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:  # (EOF: an empty file)
+        raise UsageError(f"cannot load {path!r}: {exc or type(exc).__name__}") from None
     if isinstance(loaded, np.ndarray):
         if key is not None:
             raise UsageError(f"{path!r} is a .npy file: it has no key {key!r}")
@@ -484,7 +486,12 @@ def _encode(args: argparse.Namespace) -> int:
     from .._compression import compress_buffers
     from .._encode import encode_request, encode_response
 
-    arrays = dict(_load(spec) for spec in args.tensors)
+    loaded = [_load(spec) for spec in args.tensors]
+    arrays = dict(loaded)
+    if len(arrays) != len(loaded):
+        names = [name for name, _ in loaded]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise UsageError(f"input names given more than once: {twice}")
     json_names = {n for n in (args.json_inputs or "").split(",") if n}
     unknown = json_names - set(arrays)
     if unknown:
