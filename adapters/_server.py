@@ -927,6 +927,21 @@ async def _echo(request: InferRequest) -> Mapping[str, Any]:
     return outputs
 
 
+def _unknown_outputs(header: InferenceHeader, result: Any) -> list[str]:
+    """The outputs the request asks for that ``result`` (outputs by name, or a
+    sequence of :class:`binproto.Tensor`) does not hold."""
+    wanted = header.requested_outputs
+    if wanted is None:
+        return []
+    if isinstance(result, Mapping):
+        given = set(result)
+    elif isinstance(result, Sequence) and all(isinstance(t, Tensor) for t in result):
+        given = {t.name for t in result}
+    else:
+        return []  # (the encoder says what is wrong with it)
+    return [o.name for o in wanted if o.name not in given]
+
+
 def echo_model(name: str = "echo") -> Model:
     """The built-in model: each input comes back as the output of the same name."""
     return Model(name=name, handler=_echo)
@@ -1481,6 +1496,11 @@ class V2Server:
             await body.drain()
         if isinstance(result, (StreamingResponse, EncodedBody)):
             return body, result
+        unknown = _unknown_outputs(header, result)
+        if unknown:  # the client asked for what the model does not give: its fault (400)
+            raise InferenceError(
+                f"unexpected inference output '{unknown[0]}' for model '{model.name}'"
+            )
         version = r.version
         if version is None and model.versions:
             version = model.versions[0]

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
 from collections.abc import (
     AsyncIterable,
     AsyncIterator,
@@ -372,10 +373,15 @@ def _raw_headers(headers: Iterable[tuple[Any, Any]]) -> list[tuple[bytes, bytes]
 
 
 def _chunk_size(chunk_size: Any) -> int:
-    """``chunk_size`` when it is a whole number of bytes, at least one."""
-    if type(chunk_size) is not int or chunk_size < 1:
+    """``chunk_size`` when it is a whole number of bytes, at least one (any
+    integer type; not a bool)."""
+    try:
+        size = operator.index(chunk_size)
+    except TypeError:
+        size = 0
+    if isinstance(chunk_size, bool) or size < 1:
         raise LocalProtocolError(f"chunk_size must be a positive int, got {chunk_size!r}")
-    return chunk_size
+    return size
 
 
 def _pieces(buffers: Iterable[Any], chunk_size: int) -> Iterator[memoryview]:

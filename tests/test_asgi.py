@@ -605,7 +605,13 @@ def test_a_writer_that_cannot_start_is_refused_before_the_response(started: bool
     assert rec.messages == []
 
 
-@pytest.mark.parametrize("size", [0, -1, 1.5, "8"])
+def test_a_chunk_size_of_any_integer_type_is_taken() -> None:
+    body = binproto.encode_response({"y": np.zeros(4, dtype=np.float32)}, model_name="m")
+    size: Any = np.int64(8)  # (what a computation in numpy hands over)
+    assert asgi.EncodedResponse(body, chunk_size=size).chunk_size == 8
+
+
+@pytest.mark.parametrize("size", [0, -1, 1.5, "8", True])
 def test_a_chunk_size_that_is_no_positive_int_is_refused(size: Any) -> None:
     body = binproto.encode_response({"y": np.zeros(4, dtype=np.float32)}, model_name="m")
     writer = binproto.BodyWriter(stream_header(2))

@@ -1836,3 +1836,26 @@ def test_a_handlers_local_protocol_error_is_logged(caplog: pytest.LogCaptureFixt
     assert stream.sent.startswith(b"HTTP/1.1 500 "), bytes(stream.sent[:200])
     assert "error while serving /v2/models/c/infer" in caplog.text
     assert "no V2 datatype" in caplog.text
+
+
+def test_an_output_the_model_does_not_give_is_the_clients_400(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def one_output(request: InferRequest) -> dict[str, Any]:
+        await request.tensors()
+        return {"y": np.zeros(2, dtype=np.float32)}
+
+    body = binproto.encode_request(
+        {"x": np.zeros(4, dtype=np.float32)}, outputs=[binproto.RequestedOutput("nope")]
+    )
+    conn = h11.Connection(h11.CLIENT)
+    wire = b"".join(
+        bytes(p) for p in send_message(conn, request_for("/v2/models/o/infer", body), body)
+    )
+    stream = Scripted(wire)
+    server = V2Server([Model("o", one_output)], timeouts=Timeouts(keep_alive=1))
+    with caplog.at_level(logging.WARNING, logger="binproto.server"):
+        asyncio.run(server.serve_connection(stream))
+    assert stream.sent.startswith(b"HTTP/1.1 400 "), bytes(stream.sent[:200])
+    assert b"unexpected inference output 'nope' for model 'o'" in stream.sent
+    assert caplog.text == ""  # the client's mistake: nothing for the server's log
