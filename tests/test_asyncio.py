@@ -799,8 +799,10 @@ async def _call(port: int, model: str, inputs: dict[str, Any]) -> dict[str, np.n
 # -- adversarial peers on raw sockets ---------------------------------------------------
 
 
-def _request_bytes(inputs: dict[str, Any], target: str = "/v2/models/echo/infer") -> bytes:
-    body = binproto.encode_request(inputs, binary_data_output=True)
+def _request_bytes(
+    inputs: dict[str, Any], target: str = "/v2/models/echo/infer", **options: Any
+) -> bytes:
+    body = binproto.encode_request(inputs, binary_data_output=True, **options)
     conn = h11.Connection(h11.CLIENT)
     return b"".join(bytes(p) for p in send_message(conn, request_for(target, body), body))
 
@@ -1768,6 +1770,14 @@ def test_h11_is_asked_for_an_event_only_when_it_holds_bytes(
     assert [type(e).__name__ for e in events] == ["Request"] * 3 + ["ConnectionClosed"]
 
 
+def _answer(model: Model, wire: bytes) -> bytes:
+    """What a server of ``model`` sends for the request ``wire``, over one
+    connection of a scripted stream (no sockets, no threads)."""
+    stream = Scripted(wire)
+    asyncio.run(V2Server([model], timeouts=Timeouts(keep_alive=1)).serve_connection(stream))
+    return bytes(stream.sent)
+
+
 def _streaming(writer_of: Callable[[], binproto.BodyWriter]) -> Any:
     async def handler(request: InferRequest) -> StreamingResponse:
         await request.tensors()
@@ -1806,16 +1816,10 @@ def test_a_streaming_writer_that_cannot_start_is_a_logged_500(
 ) -> None:
     # Refused before the response's head goes out: the client gets a 500
     # (not a closed connection, nor a request's body as the answer), logged.
-    body = binproto.encode_request({"x": np.zeros(4, dtype=np.float32)})
-    conn = h11.Connection(h11.CLIENT)
-    wire = b"".join(
-        bytes(p) for p in send_message(conn, request_for("/v2/models/s/infer", body), body)
-    )
-    stream = Scripted(wire)
-    server = V2Server([Model("s", _streaming(writer_of))], timeouts=Timeouts(keep_alive=1))
+    wire = _request_bytes({"x": np.zeros(4, dtype=np.float32)}, "/v2/models/s/infer")
     with caplog.at_level(logging.ERROR, logger="binproto.server"):
-        asyncio.run(server.serve_connection(stream))
-    assert stream.sent.startswith(b"HTTP/1.1 500 "), bytes(stream.sent[:200])
+        sent = _answer(Model("s", _streaming(writer_of)), wire)
+    assert sent.startswith(b"HTTP/1.1 500 "), sent[:200]
     assert "error while serving /v2/models/s/infer" in caplog.text
 
 
@@ -1824,16 +1828,10 @@ def test_a_handlers_local_protocol_error_is_logged(caplog: pytest.LogCaptureFixt
         await request.tensors()
         return {"y": np.arange(3) + 1j}  # no V2 datatype: the encoder refuses it
 
-    body = binproto.encode_request({"x": np.zeros(4, dtype=np.float32)})
-    conn = h11.Connection(h11.CLIENT)
-    wire = b"".join(
-        bytes(p) for p in send_message(conn, request_for("/v2/models/c/infer", body), body)
-    )
-    stream = Scripted(wire)
-    server = V2Server([Model("c", complex_output)], timeouts=Timeouts(keep_alive=1))
+    wire = _request_bytes({"x": np.zeros(4, dtype=np.float32)}, "/v2/models/c/infer")
     with caplog.at_level(logging.ERROR, logger="binproto.server"):
-        asyncio.run(server.serve_connection(stream))
-    assert stream.sent.startswith(b"HTTP/1.1 500 "), bytes(stream.sent[:200])
+        sent = _answer(Model("c", complex_output), wire)
+    assert sent.startswith(b"HTTP/1.1 500 "), sent[:200]
     assert "error while serving /v2/models/c/infer" in caplog.text
     assert "no V2 datatype" in caplog.text
 
@@ -1845,17 +1843,10 @@ def test_an_output_the_model_does_not_give_is_the_clients_400(
         await request.tensors()
         return {"y": np.zeros(2, dtype=np.float32)}
 
-    body = binproto.encode_request(
-        {"x": np.zeros(4, dtype=np.float32)}, outputs=[binproto.RequestedOutput("nope")]
-    )
-    conn = h11.Connection(h11.CLIENT)
-    wire = b"".join(
-        bytes(p) for p in send_message(conn, request_for("/v2/models/o/infer", body), body)
-    )
-    stream = Scripted(wire)
-    server = V2Server([Model("o", one_output)], timeouts=Timeouts(keep_alive=1))
+    x = np.zeros(4, dtype=np.float32)
+    wire = _request_bytes({"x": x}, "/v2/models/o/infer", outputs=["nope"])
     with caplog.at_level(logging.WARNING, logger="binproto.server"):
-        asyncio.run(server.serve_connection(stream))
-    assert stream.sent.startswith(b"HTTP/1.1 400 "), bytes(stream.sent[:200])
-    assert b"unexpected inference output 'nope' for model 'o'" in stream.sent
+        sent = _answer(Model("o", one_output), wire)
+    assert sent.startswith(b"HTTP/1.1 400 "), sent[:200]
+    assert b"unexpected inference output 'nope' for model 'o'" in sent
     assert caplog.text == ""  # the client's mistake: nothing for the server's log

@@ -69,6 +69,20 @@ def _run(main: Callable[[], Any]) -> Any:
 X = np.arange(6, dtype=np.float32)
 
 
+def _error_for(answer: bytes, **client: Any) -> HTTPError:
+    """The error a Client raises for an inference request answered ``answer``."""
+
+    async def main() -> HTTPError:
+        async with _canned(lambda _: answer) as (port, _):
+            async with Client("127.0.0.1", port, **client) as c:
+                with pytest.raises(HTTPError) as info:
+                    await c.infer("m", {"x": X})
+        return info.value
+
+    error: HTTPError = _run(main)
+    return error
+
+
 @pytest.mark.parametrize("zero_copy", [True, False])
 def test_a_response_framed_by_the_close_is_read(zero_copy: bool) -> None:
     # No Content-Length and no chunks: the body ends where the server closes.
@@ -121,15 +135,7 @@ def test_a_deeply_nested_error_body_is_an_http_error() -> None:
     nested = b"[" * 100_000
     assert error_message(500, nested).message == nested.decode()
     answer = b"HTTP/1.1 500 Oops\r\nContent-Length: %d\r\n\r\n" % len(nested) + nested
-
-    async def main() -> None:
-        async with _canned(lambda _: answer) as (port, _):
-            async with Client("127.0.0.1", port) as c:
-                with pytest.raises(HTTPError) as info:
-                    await c.infer("m", {"x": X})
-        assert info.value.status == 500
-
-    _run(main)
+    assert _error_for(answer).status == 500
 
 
 @pytest.mark.parametrize(
@@ -225,32 +231,16 @@ def test_a_compressed_error_body_is_decoded(coding: str) -> None:
     text = b'{"error": "model m is overloaded"}'
     data = gzip.compress(text) if coding == "gzip" else zlib.compress(text)
     head = b"HTTP/1.1 503 Busy\r\nContent-Encoding: %s\r\nContent-Length: %d\r\n\r\n"
-    answer = head % (coding.encode(), len(data)) + data
-
-    async def main() -> None:
-        async with _canned(lambda _: answer) as (port, _):
-            async with Client("127.0.0.1", port, accept_encoding="gzip, deflate") as c:
-                with pytest.raises(HTTPError) as info:
-                    await c.infer("m", {"x": X})
-        assert info.value.status == 503 and info.value.message == "model m is overloaded"
-
-    _run(main)
+    error = _error_for(head % (coding.encode(), len(data)) + data, accept_encoding="gzip, deflate")
+    assert error.status == 503 and error.message == "model m is overloaded"
 
 
 def test_an_error_body_that_would_expand_past_its_bound_is_not_decoded() -> None:
     bomb = gzip.compress(b"0" * (64 << 20))  # 64 MiB of zeros in ~64 KiB
     head = b"HTTP/1.1 500 Oops\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n"
-    answer = head % len(bomb) + bomb
-
-    async def main() -> None:
-        async with _canned(lambda _: answer) as (port, _):
-            async with Client("127.0.0.1", port) as c:
-                with pytest.raises(HTTPError) as info:
-                    await c.infer("m", {"x": X})
-        assert info.value.status == 500
-        assert info.value.message.startswith("the error body could not be decoded")
-
-    _run(main)
+    error = _error_for(head % len(bomb) + bomb)
+    assert error.status == 500
+    assert error.message.startswith("the error body could not be decoded")
 
 
 def test_a_failed_response_still_refuses_later_calls() -> None:
