@@ -247,7 +247,7 @@ def join_bytes(elements: Iterable[Any]) -> np.ndarray[Any, np.dtype[np.uint8]]:
     The inverse of :func:`split_bytes`.
     """
     try:
-        items = elements if isinstance(elements, list) else list(iter(elements))
+        items = elements if isinstance(elements, list) else list(elements)
     except TypeError:
         raise LocalProtocolError(
             f"join_bytes takes an iterable of bytes-like elements, got {type(elements).__name__}"
