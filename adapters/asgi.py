@@ -19,12 +19,14 @@ Reading a request::
 With Starlette or FastAPI, pass ``request.scope`` and ``request.stream()`` (or
 ``request.receive``) instead of ``scope`` and ``receive``.
 
-Sending: each buffer of an encoded body goes out as its own
-``http.response.body`` message (``more_body=True``), as a ``memoryview`` of the
-caller's memory; nothing is joined. A buffer larger than ``chunk_size`` is sent
-as several views of it, so a server that keeps what the socket did not take
-(asyncio on Python < 3.12 copies it into its write buffer) holds at most that
-much extra per message.
+Sending: each buffer of 64 KiB or more of an encoded body goes out as its own
+``http.response.body`` messages (``more_body=True``), as views of
+the caller's memory, never joined or copied; runs of smaller buffers (the JSON
+header, small tensors) are joined into one message, as each message costs the
+server a write. No message is larger than ``chunk_size``: a bigger piece is
+sent as several views of it, so a server that keeps what the socket did not
+take (asyncio on Python < 3.12 copies it into its write buffer) holds at most
+that much extra per message.
 """
 
 from __future__ import annotations
@@ -195,31 +197,30 @@ class _Chunks:
         return self
 
     async def __anext__(self) -> Any:
+        # (One coroutine a chunk: a small body's whole read is this call.)
         while not self._done:
-            chunk = await self._next()
+            if self._receive is not None:
+                message = await self._receive()
+                kind = message.get("type")
+                if kind == "http.disconnect":
+                    raise _disconnected(self._received)
+                if kind != "http.request":
+                    continue
+                self._done = not message.get("more_body", False)
+                chunk = message.get("body", b"")
+            else:
+                assert self._chunks is not None
+                try:
+                    chunk = await anext(self._chunks)
+                except StopAsyncIteration:
+                    break
+                except _StarletteDisconnect:
+                    raise _disconnected(self._received) from None
             if len(chunk):  # Starlette's stream() ends with b"": not the end mark.
                 self._received += len(chunk)
                 return chunk
+        self._done = True
         raise StopAsyncIteration
-
-    async def _next(self) -> Any:
-        if self._chunks is not None:
-            try:
-                return await anext(self._chunks)
-            except StopAsyncIteration:
-                self._done = True
-                return b""
-            except _StarletteDisconnect:
-                raise _disconnected(self._received) from None
-        assert self._receive is not None
-        message = await self._receive()
-        kind = message.get("type")
-        if kind == "http.disconnect":
-            raise _disconnected(self._received)
-        if kind != "http.request":
-            return b""
-        self._done = not message.get("more_body", False)
-        return message.get("body", b"")
 
 
 async def iter_events(
@@ -384,16 +385,25 @@ def _chunk_size(chunk_size: Any) -> int:
     return size
 
 
-def _pieces(buffers: Iterable[Any], chunk_size: int) -> Iterator[memoryview]:
-    """Byte views of ``buffers`` (empty ones included), each cut into views of
-    at most ``chunk_size`` bytes."""
-    for buffer in buffers:
-        view = as_byte_view(buffer)
-        if len(view) <= chunk_size:
-            yield view
+def _pieces(buffers: Iterable[Any], chunk_size: int) -> Iterator[Any]:
+    """``buffers`` as the messages of a body: runs of small buffers joined
+    (:func:`~binproto._util.gather_small`), then each piece cut into views of
+    at most ``chunk_size`` bytes. Cut after joining: a big buffer is only ever
+    sent as views of its own memory, whatever the ``chunk_size``."""
+    for piece in gather_small(map(as_byte_view, buffers)):
+        if len(piece) <= chunk_size:
+            yield piece
         else:
+            view = memoryview(piece)
             for start in range(0, len(view), chunk_size):
                 yield view[start : start + chunk_size]
+
+
+def _header_pairs(headers: Iterable[tuple[Any, Any]] | Mapping[Any, Any]) -> Iterable[Any]:
+    """The ``(name, value)`` pairs of a header list or mapping."""
+    if isinstance(headers, (list, tuple)):  # (before the slower Mapping check)
+        return headers
+    return headers.items() if isinstance(headers, Mapping) else headers
 
 
 async def send_buffers(
@@ -427,7 +437,7 @@ async def _send_raw(
     """:func:`send_buffers` with headers already as ASGI wants them."""
     await send({"type": "http.response.start", "status": status, "headers": raw_headers})
     held: Any = b""
-    for piece in gather_small(_pieces(buffers, chunk_size)):
+    for piece in _pieces(buffers, chunk_size):
         if len(held):
             await send({"type": "http.response.body", "body": held, "more_body": True})
         held = piece
@@ -435,7 +445,8 @@ async def _send_raw(
 
 
 class BufferResponse(_ResponseBase):
-    """An ASGI response made of buffers sent one message each, never joined.
+    """An ASGI response made of buffers, sent as :func:`send_buffers` does:
+    big ones as views of their memory, never joined; runs of small ones joined.
 
     Call it as an ASGI application (``await response(scope, receive, send)``).
     When Starlette is installed it is also a Starlette ``Response``, so a
@@ -460,10 +471,9 @@ class BufferResponse(_ResponseBase):
         background: BackgroundTask | None = None,
         chunk_size: int = CHUNK_SIZE,
     ) -> None:
-        items = headers.items() if isinstance(headers, Mapping) else headers
         self.buffers = list(buffers)
         self.status_code = status_code
-        self.raw_headers = _raw_headers(items)
+        self.raw_headers = _raw_headers(_header_pairs(headers))
         self.background = background
         self.chunk_size = _chunk_size(chunk_size)
 
@@ -515,7 +525,7 @@ class EncodedResponse(BufferResponse):
             type(compression_level) is int and -1 <= compression_level <= 9
         ):
             raise LocalProtocolError(f"compression level must be -1..9, got {compression_level!r}")
-        items = list(headers.items() if isinstance(headers, Mapping) else headers)
+        items = list(_header_pairs(headers))
         framing: list[tuple[Any, Any]] = body.headers
         if coding is not None:
             framing = [(k, v) for k, v in framing if str(k).lower() != "content-length"]
@@ -570,7 +580,7 @@ class WriterResponse(_ResponseBase):
         background: BackgroundTask | None = None,
         chunk_size: int = CHUNK_SIZE,
     ) -> None:
-        items = list(headers.items() if isinstance(headers, Mapping) else headers)
+        items = list(_header_pairs(headers))
         self.writer = writer
         self.pieces = pieces
         self.status_code = status_code

@@ -481,6 +481,19 @@ def test_large_buffer_is_sent_as_bounded_views() -> None:
     assert rec.body() == bytes(body)
 
 
+def test_a_small_chunk_size_bounds_every_message_and_joins_no_big_buffer() -> None:
+    # Cut below the 64 KiB a run of small buffers is joined to: the big
+    # buffer's views must not be joined again into copies of its memory.
+    a = np.arange(50_000, dtype=np.float32)
+    body = binproto.encode_response({"a": a}, model_name="m")
+    rec = Recorder()
+    asyncio.run(asgi.EncodedResponse(body, chunk_size=1000)({"type": "http"}, _no_receive, rec))
+    assert rec.body() == bytes(body)
+    assert max(len(b) for b in rec.bodies) == 1000
+    tensor = [b for b in rec.bodies if np.shares_memory(np.frombuffer(b, dtype=np.uint8), a)]
+    assert sum(len(b) for b in tensor) == a.nbytes
+
+
 @pytest.mark.parametrize("encoding", ["gzip", "deflate", "GZIP"])
 def test_encoded_response_compresses_piece_by_piece(encoding: str) -> None:
     rng = np.random.default_rng(2)
