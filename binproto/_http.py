@@ -55,7 +55,7 @@ class HeaderFields:
     once and keeps its result with them.
     """
 
-    __slots__ = ("_claims", "_conflicts", "_values")
+    __slots__ = ("_claims", "_raw", "_repeats")
 
     def __init__(
         self,
@@ -64,23 +64,28 @@ class HeaderFields:
         | Iterable[tuple[str, str]]
         | Iterable[tuple[bytes, bytes]],
     ) -> None:
-        values: dict[str, str] = {}
-        conflicts: dict[str, tuple[str, str]] = {}
-        items = headers.items() if isinstance(headers, Mapping) else headers
+        # Only the names are read here; a value is decoded when it is looked
+        # up (a server reads four of a request's headers, of any number).
+        raw: dict[str, str | bytes] = {}
+        repeats: dict[str, list[str | bytes]] = {}
+        items: Iterable[tuple[str | bytes, str | bytes]]
+        if isinstance(headers, (list, tuple)):  # (before the slower Mapping check)
+            items = headers
+        else:
+            items = headers.items() if isinstance(headers, Mapping) else headers
         for key, value in items:
-            # (_text inline: this runs for every header of every request a server reads)
             name = (key.decode("latin-1") if isinstance(key, bytes) else key).lower()
-            text = (value.decode("latin-1") if isinstance(value, bytes) else value).strip()
-            first = values.setdefault(name, text)
-            if first != text:
-                conflicts.setdefault(name, (first, text))
-        self._values = values
-        self._conflicts = conflicts
+            if name in raw:
+                repeats.setdefault(name, []).append(value)
+            else:
+                raw[name] = value
+        self._raw = raw
+        self._repeats = repeats
         self._claims: BodyClaims | None = None  # (see body_claims)
 
     def __contains__(self, name: object) -> bool:
         """True when header ``name`` (any case) is present."""
-        return isinstance(name, str) and name.lower() in self._values
+        return isinstance(name, str) and name.lower() in self._raw
 
     def get(self, name: str) -> str | None:
         """The value of header ``name`` (any case), or None when absent.
@@ -89,10 +94,17 @@ class HeaderFields:
         with different values.
         """
         wanted = name.lower()
-        if self._conflicts and wanted in self._conflicts:
-            first, other = self._conflicts[wanted]
-            raise RemoteProtocolError(f"conflicting {name} headers: {first!r} and {other!r}")
-        return self._values.get(wanted)
+        value = self._raw.get(wanted)
+        if value is None:
+            return None
+        text = _text(value).strip()
+        if self._repeats and wanted in self._repeats:
+            for other in self._repeats[wanted]:
+                if _text(other).strip() != text:
+                    raise RemoteProtocolError(
+                        f"conflicting {name} headers: {text!r} and {_text(other).strip()!r}"
+                    )
+        return text
 
 
 #: Any header collection: a mapping, an iterable of (name, value) pairs, or
