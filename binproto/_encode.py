@@ -103,9 +103,6 @@ class EncodedBody:
         header_length: the Inference-Header-Content-Length, ``len(json)``; None
             when no tensor is binary (the body is plain JSON).
         content_length: total body length in bytes.
-        headers: the HTTP headers framing the body, as ``(name, value)`` pairs:
-            Inference-Header-Content-Length (only when a tensor is binary),
-            Content-Length, and Content-Type.
 
     ``bytes(body)`` joins the buffers (a copy: for small bodies and tests);
     iterating a body yields its buffers, so ``writer.writelines(body)`` works.
@@ -115,7 +112,14 @@ class EncodedBody:
     buffers: list[bytes | memoryview] = field(repr=False)
     header_length: int | None
     content_length: int
-    headers: list[tuple[str, str]]
+
+    @property
+    def headers(self) -> list[tuple[str, str]]:
+        """The HTTP headers framing the body, as ``(name, value)`` pairs
+        (:func:`message_headers`): Inference-Header-Content-Length (only when
+        a tensor is binary), Content-Length, and Content-Type. A new list each
+        time, made when asked for."""
+        return message_headers(self.header_length, self.content_length)
 
     def __bytes__(self) -> bytes:
         return b"".join(self.buffers)
@@ -552,7 +556,6 @@ def _body(
         buffers=[header, *buffers],
         header_length=header_length,
         content_length=content_length,
-        headers=message_headers(header_length, content_length),
     )
 
 
