@@ -178,17 +178,42 @@ class ResponseFramer:
             raise h11.LocalProtocolError(f"can't send Response in state {self.our_state}")
         headers = list(headers)
         lowered = [name.lower() for name, _ in headers]
-        if b"content-length" in lowered:
+        if status in (204, 304):
+            self._length = 0  # never a body, whatever the headers say (RFC 9110 6.4.1)
+        elif b"content-length" in lowered and b"transfer-encoding" not in lowered:
             self._length = (
                 0 if self._head_only else int(headers[lowered.index(b"content-length")][1])
             )
-        elif self._http10:
-            self.keep_alive = self.keep_alive and self._head_only  # the close ends the body
         else:
-            headers.append((b"Transfer-Encoding", b"chunked"))
-            self._chunked = not self._head_only
-        if b"connection" in lowered and b"close" in headers[lowered.index(b"connection")][1]:
-            self.keep_alive = False
+            # A body of unknown length, or one the caller framed with
+            # Transfer-Encoding (which beats Content-Length, dropped then):
+            # chunked, or to an HTTP/1.0 client ended by the close.
+            if b"transfer-encoding" in lowered:
+                coding = headers[lowered.index(b"transfer-encoding")][1]
+                if coding.strip().lower() != b"chunked":
+                    raise h11.LocalProtocolError("Only Transfer-Encoding: chunked is supported")
+            framing = (b"content-length", b"transfer-encoding")
+            headers = [
+                pair for pair, name in zip(headers, lowered, strict=True) if name not in framing
+            ]
+            if self._http10:
+                self.keep_alive = False
+            else:
+                headers.append((b"Transfer-Encoding", b"chunked"))
+                self._chunked = not self._head_only
+        if b"connection" in lowered:
+            tokens = {
+                token.strip().lower()
+                for name, value in headers
+                if name.lower() == b"connection"
+                for token in value.split(b",")
+            }
+            self.keep_alive = self.keep_alive and b"close" not in tokens
+            if not self.keep_alive:
+                # One set of tokens, with close and without keep-alive (as h11 writes it).
+                headers = [pair for pair in headers if pair[0].lower() != b"connection"]
+                tokens = (tokens - {b"keep-alive", b""}) | {b"close"}
+                headers.extend((b"Connection", token) for token in sorted(tokens))
         elif not self.keep_alive:
             headers.append(_CLOSE)
         self.our_state = h11.SEND_BODY

@@ -419,6 +419,25 @@ _RESPONSES = {
         h11.Data(data=b"no"),
         h11.EndOfMessage(),
     ],
+    # Never a body, so no framing headers.
+    "no content": [h11.Response(status_code=204, headers=[]), h11.EndOfMessage()],
+    "not modified": [h11.Response(status_code=304, headers=[("ETag", "x")]), h11.EndOfMessage()],
+    # Transfer-Encoding beats Content-Length, which is dropped.
+    "both framings": [
+        h11.Response(
+            status_code=200, headers=[("Content-Length", "2"), ("Transfer-Encoding", "chunked")]
+        ),
+        h11.Data(data=b"hi"),
+        h11.EndOfMessage(),
+    ],
+    # Said by the server to a client that closes: one Connection: close.
+    "keep-alive said": [
+        h11.Response(
+            status_code=200, headers=[("Connection", "Keep-Alive"), ("Content-Length", "2")]
+        ),
+        h11.Data(data=b"hi"),
+        h11.EndOfMessage(),
+    ],
 }
 
 
