@@ -235,9 +235,17 @@ def capabilities(stream: ByteStream) -> Capabilities:
 
 
 class InferenceError(Exception):
-    """Raise from a handler to answer with a V2 error response."""
+    """Raise from a handler to answer with a V2 error response.
+
+    ``status`` is an HTTP error status, 400 to 599; any other is a
+    :class:`binproto.LocalProtocolError` (a handler raising it is answered 500).
+    """
 
     def __init__(self, message: str, status: int = 400) -> None:
+        if type(status) is not int or not 400 <= status <= 599:
+            raise LocalProtocolError(
+                f"an InferenceError's status is an HTTP error status, 400-599; got {status!r}"
+            )
         super().__init__(message)
         self.message = message
         self.status = status

@@ -31,6 +31,7 @@ import binproto
 from binproto import HeaderParsed, MessageComplete, TensorChunk, TensorComplete, TensorInfo
 from binproto.adapters._server import (
     HEAD_READ,
+    InferenceError,
     InferRequest,
     KnownHeads,
     Model,
@@ -1834,6 +1835,23 @@ def test_a_handlers_local_protocol_error_is_logged(caplog: pytest.LogCaptureFixt
     assert sent.startswith(b"HTTP/1.1 500 "), sent[:200]
     assert "error while serving /v2/models/c/infer" in caplog.text
     assert "no V2 datatype" in caplog.text
+
+
+@pytest.mark.parametrize("status", [304, 204, 200, 100, 600, "404"])
+def test_an_inference_error_without_an_error_status_is_a_logged_500(
+    status: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A 304 or 204 carries no body, so the error's JSON would be read as the
+    # start of the next response: refused where it is raised.
+    async def not_modified(request: InferRequest) -> dict[str, Any]:
+        raise InferenceError("not modified", status)
+
+    wire = _request_bytes({"x": np.zeros(4, dtype=np.float32)}, "/v2/models/n/infer")
+    with caplog.at_level(logging.ERROR, logger="binproto.server"):
+        sent = _answer(Model("n", not_modified), wire * 2)
+    assert sent.startswith(b"HTTP/1.1 500 "), sent[:200]
+    assert sent.count(b"HTTP/1.1 500 ") == 2  # and the connection serves the next one
+    assert "HTTP error status, 400-599" in caplog.text
 
 
 def test_an_output_the_model_does_not_give_is_the_clients_400(
