@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ._errors import LocalProtocolError
@@ -67,7 +68,11 @@ class Limits:
                     f"Limits.{name} must be a non-negative integer, got {value!r}"
                 )
         ratio = self.max_decompression_ratio
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not ratio > 0:
+        if (
+            isinstance(ratio, bool)
+            or not isinstance(ratio, (int, float))
+            or not 0 < ratio < math.inf  # (a body's allowance is an int of it)
+        ):
             raise LocalProtocolError(
-                f"Limits.max_decompression_ratio must be a positive number, got {ratio!r}"
+                f"Limits.max_decompression_ratio must be a positive, finite number, got {ratio!r}"
             )

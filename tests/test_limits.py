@@ -37,8 +37,8 @@ def test_zero_is_a_limit(field: str) -> None:
     assert getattr(Limits(**{field: 0}), field) == 0
 
 
-@pytest.mark.parametrize("bad", [0, -2.0, True, "100", None, float("nan")])
-def test_the_ratio_must_be_a_positive_number(bad: Any) -> None:
+@pytest.mark.parametrize("bad", [0, -2.0, True, "100", None, float("nan"), float("inf")])
+def test_the_ratio_must_be_a_positive_finite_number(bad: Any) -> None:
     with pytest.raises(LocalProtocolError, match="max_decompression_ratio must be a positive"):
         Limits(max_decompression_ratio=bad)
 
