@@ -176,7 +176,7 @@ def _max_dims() -> int:
 MAX_DIMS = _max_dims()
 # Largest array numpy can describe, in bytes: its size counts every non-zero
 # dimension, even in an array with a zero dimension and so no elements.
-_MAX_ARRAY_BYTES = 2**63 - 1
+MAX_ARRAY_BYTES = 2**63 - 1
 
 
 def _shape(t: dict[str, Any], dt: DataType, role: str, name: str) -> tuple[int, ...]:
@@ -195,7 +195,7 @@ def _shape(t: dict[str, Any], dt: DataType, role: str, name: str) -> tuple[int, 
     # (the size of a shape with elements is held to binary_data_size or data).
     if 0 in shape:
         span = math.prod(d for d in shape if d) * (dt.itemsize or dt.dtype.itemsize)
-        if span > _MAX_ARRAY_BYTES:
+        if span > MAX_ARRAY_BYTES:
             raise _fail(f"shape {shape} of {role} '{name}' is too large for an array of {dt.name}")
     return tuple(shape)
 
@@ -352,7 +352,7 @@ def build_header(obj: Any, kind: Kind, limits: Limits, header_length: int) -> In
     if bdo is not None and not isinstance(bdo, bool):
         raise _fail("Unable to parse 'binary_data_output': expected a bool")
     seen: set[str] = set()
-    limit = min(limits.max_tensor_bytes, _MAX_ARRAY_BYTES)  # numpy's bound, too
+    limit = min(limits.max_tensor_bytes, MAX_ARRAY_BYTES)  # numpy's bound, too
     infos = []
     for i, t in enumerate(tensors_json):
         infos.append(_tensor(t, i, role, limit, seen))

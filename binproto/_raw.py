@@ -15,7 +15,7 @@ from typing import Any
 
 from ._datatypes import DATATYPES
 from ._errors import LocalProtocolError, RemoteProtocolError
-from ._header import InferenceHeader, TensorInfo
+from ._header import MAX_ARRAY_BYTES, MAX_DIMS, InferenceHeader, TensorInfo
 from ._limits import Limits
 
 __all__ = ["TensorSpec", "raw_header"]
@@ -51,13 +51,25 @@ class TensorSpec:
     ) -> None:
         if not isinstance(name, str):
             raise LocalProtocolError(f"TensorSpec name must be a str, got {name!r}")
-        if datatype not in DATATYPES:
+        if not isinstance(datatype, str) or datatype not in DATATYPES:
             raise LocalProtocolError(f"TensorSpec: unknown datatype {datatype!r}")
-        dims = tuple(shape)
+        try:
+            dims = tuple(shape)
+        except TypeError:
+            dims = (None,)  # (refused below)
         if not all(type(d) is int and d >= -1 for d in dims):
             raise LocalProtocolError(f"TensorSpec shape must hold integers >= -1, got {shape!r}")
+        # What numpy cannot make an array of, whatever the body's length.
+        if len(dims) > MAX_DIMS:
+            raise LocalProtocolError(
+                f"TensorSpec shape has {len(dims)} dimensions, more than the {MAX_DIMS} supported"
+            )
         if batched and not dims:
             raise LocalProtocolError("a batched TensorSpec needs a leading batch dimension")
+        itemsize = DATATYPES[datatype].dtype.itemsize  # (BYTES: an object pointer)
+        fixed = dims[1:] if batched else dims  # (a raw request's batch is 1)
+        if math.prod(d for d in fixed if d > 0) * itemsize > MAX_ARRAY_BYTES:
+            raise LocalProtocolError(f"TensorSpec shape {list(dims)} is too large for an array")
         for attr, value in (
             ("name", name),
             ("datatype", datatype),

@@ -312,11 +312,29 @@ def test_raw_input_is_for_requests_only() -> None:
         (("x", "FP32", [True]), {}),
         ((1, "FP32", [1]), {}),
         (("x", "FP32", []), {"batched": True}),
+        # Not a shape, not a datatype name: refused, not a TypeError.
+        (("x", "FP32", 5), {}),
+        (("x", ["FP32"], [1]), {}),
+        # Shapes numpy cannot make an array of, whatever the body.
+        (("x", "FP32", [1] * 40 + [-1]), {}),
+        (("x", "FP32", [-1, 2**63]), {}),
+        (("x", "FP32", [0, 2**63]), {}),
+        (("x", "FP64", [8, 2**61, -1]), {"batched": True}),
     ],
 )
 def test_tensor_spec_validation(args: tuple[object, ...], kwargs: dict[str, object]) -> None:
     with pytest.raises(LocalProtocolError):
         TensorSpec(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_huge_batch_dimension_is_not_a_huge_spec() -> None:
+    # A raw request's batch is 1, whatever the model's largest batch.
+    body = np.arange(2, dtype=np.float32).tobytes()
+    spec = TensorSpec("x", "FP32", [2**62, 2], batched=True)
+    assert binproto.decode_request(body, header_length=0, raw_input=spec).tensors["x"].shape == (
+        1,
+        2,
+    )
 
 
 def test_tensor_spec_is_an_immutable_value() -> None:
