@@ -55,9 +55,10 @@ class TensorSpec:
             raise LocalProtocolError(f"TensorSpec: unknown datatype {datatype!r}")
         try:
             dims = tuple(shape)
-        except TypeError:
-            dims = (None,)  # (refused below)
-        if not all(type(d) is int and d >= -1 for d in dims):
+            valid = all(type(d) is int and d >= -1 for d in dims)
+        except TypeError:  # not a sequence
+            dims, valid = (), False
+        if not valid:
             raise LocalProtocolError(f"TensorSpec shape must hold integers >= -1, got {shape!r}")
         # What numpy cannot make an array of, whatever the body's length.
         if len(dims) > MAX_DIMS:
