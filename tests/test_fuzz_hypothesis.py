@@ -8,8 +8,10 @@ import os
 from typing import Any
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+import pytest
+from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
+from hypothesis.errors import NoSuchExample
 
 import binproto
 from binproto.testing import (
@@ -177,3 +179,16 @@ def test_limits_trip_the_same_in_any_chunking(
     assert whole.error is None or whole.error[0] == "RemoteProtocolError"
     chunks = data.draw(chunkings(case.body))
     assert run(lambda: case.parser(limits=limits, content_length=known), chunks) == whole
+
+
+def test_a_mutated_header_length_is_never_zero() -> None:
+    # Inference-Header-Content-Length 0 is a raw binary request, which a model
+    # of one input may well accept: not an invalid body.
+    header = b'{"inputs":[]}'
+    base = Body("request", header, len(header), None, {}, {"inputs": []})
+    with pytest.raises(NoSuchExample):
+        find(
+            invalid_bodies(st.just(base)),
+            lambda case: case.header_length == 0,
+            settings=settings(max_examples=500, database=None),
+        )
