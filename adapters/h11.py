@@ -41,7 +41,14 @@ except ModuleNotFoundError as exc:  # an optional dependency: say which extra br
     raise missing_extra(exc, "h11") from None
 
 import binproto
-from binproto import Event, Limits, Parser, ProtocolError, RemoteProtocolError
+from binproto import (
+    Event,
+    Limits,
+    LocalProtocolError,
+    Parser,
+    ProtocolError,
+    RemoteProtocolError,
+)
 from binproto._header import Kind
 from binproto._http import HeaderFields, content_length_from, error_text
 from binproto._util import as_byte_view
@@ -409,7 +416,15 @@ def _header_list(
 
 
 def infer_path(model_name: str, model_version: str | None = None) -> str:
-    """The path of a model's V2 inference endpoint (names are URL-quoted)."""
+    """The path of a model's V2 inference endpoint (names are URL-quoted).
+
+    Raises :class:`binproto.LocalProtocolError` for a name or version that is
+    not a ``str``.
+    """
+    if not isinstance(model_name, str) or not isinstance(model_version, (str, type(None))):
+        raise LocalProtocolError(
+            f"a model name and version are strings, got {model_name!r} and {model_version!r}"
+        )
     path = f"/v2/models/{quote(model_name, safe='')}"
     if model_version:
         path += f"/versions/{quote(model_version, safe='')}"
@@ -569,10 +584,14 @@ def receive_body_into(
     h11 never sees the bytes read this way, so ``conn`` cannot go on to the
     next request/response cycle: start a new ``h11.Connection`` for it.
     """
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise LocalProtocolError(f"chunk_size must be a positive int, got {chunk_size!r}")
     try:
         _receive_body_into(sock, conn, parser, assembler, chunk_size)
     except h11.RemoteProtocolError as exc:  # bad chunked framing, or an early close
-        raise remote_error(exc) from None
+        raise RemoteProtocolError(
+            str(exc), status_hint=exc.error_status_hint, offset=parser.bytes_parsed
+        ) from None
 
 
 def _receive_body_into(
@@ -609,8 +628,16 @@ def _receive_body_into(
             if not drain():
                 raise RemoteProtocolError("the body ended early", offset=parser.bytes_parsed)
             return
-        else:
-            raise RemoteProtocolError(f"unexpected HTTP event {type(event).__name__}")
+        elif isinstance(event, (h11.Request, h11.Response, h11.InformationalResponse)):
+            raise LocalProtocolError(
+                f"receive_body_into is called after the message head; conn returned a"
+                f" {type(event).__name__}"
+            )
+        else:  # ConnectionClosed
+            raise RemoteProtocolError(
+                "the peer closed the connection before the end of the body",
+                offset=parser.bytes_parsed,
+            )
     content_length = parser.content_length
     if content_length is None:
         # Chunked or compressed framing: h11 must see every byte.

@@ -18,6 +18,7 @@ from binproto import (
     NEED_DATA,
     HeaderParsed,
     MessageComplete,
+    Parser,
     RemoteProtocolError,
     TensorAssembler,
 )
@@ -28,6 +29,7 @@ from binproto.adapters.h11 import (
     error_message,
     error_response,
     feed,
+    infer_path,
     parser_for,
     receive_body_into,
     receive_events,
@@ -388,11 +390,47 @@ def test_receive_body_into_reports_bad_chunked_framing_as_binproto_errors(tail: 
         while (event := conn.next_event()) is h11.NEED_DATA:
             conn.receive_data(b.recv(65536))
         assert isinstance(event, h11.Request)
-        with pytest.raises(RemoteProtocolError):
+        with pytest.raises(RemoteProtocolError) as info:
             receive_body_into(b, conn, parser_for(event), TensorAssembler())
+        assert info.value.offset == 0  # where the body stopped: within its header
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.parametrize("chunk_size", [0, -1, True, 1.5, "64"])
+def test_receive_body_into_refuses_a_chunk_size_that_is_no_positive_int(chunk_size: Any) -> None:
+    # recv(0) returns b"", which h11 would take for the peer closing.
+    a, b = socket.socketpair()
+    try:
+        conn = h11.Connection(h11.SERVER)
+        parser = Parser("request", header_length=None)
+        with pytest.raises(binproto.LocalProtocolError, match="chunk_size"):
+            receive_body_into(b, conn, parser, TensorAssembler(), chunk_size=chunk_size)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_receive_body_into_before_the_head_was_taken_is_misuse() -> None:
+    body = binproto.encode_request({"x": np.zeros(4, dtype=np.int32)})
+    wire = b"".join(bytes(p) for p in _encode_request_wire(body))
+    a, b = socket.socketpair()
+    try:
+        conn = h11.Connection(h11.SERVER)
+        conn.receive_data(wire)  # the head is still in conn
+        parser = Parser("request", header_length=body.header_length)
+        with pytest.raises(binproto.LocalProtocolError, match="after the message head"):
+            receive_body_into(b, conn, parser, TensorAssembler())
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize(("name", "version"), [(5, None), ("m", 1), (b"m", None)])
+def test_infer_path_refuses_names_that_are_no_strings(name: Any, version: Any) -> None:
+    with pytest.raises(binproto.LocalProtocolError, match="model name and version"):
+        infer_path(name, version)
 
 
 # -- ResponseFramer: a server's responses framed as h11 frames them --------------
