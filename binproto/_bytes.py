@@ -3,13 +3,15 @@ joined at once."""
 
 from __future__ import annotations
 
+import operator
 import struct
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, SupportsIndex
 
 import numpy as np
 
 from ._errors import LocalProtocolError, RemoteProtocolError
+from ._header import TensorInfo
 from ._util import as_byte_view
 
 __all__ = [
@@ -200,10 +202,11 @@ class BytesDecoder:
     """
 
     def __init__(self, info_or_elements: Any, size: int | None = None, *, base: int = 0) -> None:
-        if isinstance(info_or_elements, int):
+        if not isinstance(info_or_elements, TensorInfo):
             if size is None:
                 raise LocalProtocolError("BytesDecoder needs the tensor's binary_data_size")
-            elements, label = info_or_elements, "BYTES tensor"
+            elements = _count(info_or_elements, "element count")
+            size, label = _count(size, "binary_data_size"), "BYTES tensor"
         else:
             info = info_or_elements
             if info.datatype != "BYTES" or info.binary_size is None:
@@ -214,7 +217,7 @@ class BytesDecoder:
 
     def feed(self, data: Any) -> list[bytes]:
         """Take the tensor's next bytes; return the elements they complete."""
-        chunk = memoryview(data).cast("B").tobytes()  # the elements are slices of it
+        chunk = as_byte_view(data).tobytes()  # the elements are slices of it
         self._framer.feed(chunk, self._offset)  # (more bytes than the tensor's: refused)
         self._offset += len(chunk)
         return self._framer.take()
@@ -224,11 +227,23 @@ class BytesDecoder:
         self._framer.finish()
 
 
-def split_bytes(buf: Any, count: int) -> np.ndarray[Any, np.dtype[np.object_]]:
+def _count(value: Any, what: str) -> int:
+    """A caller's count of elements or bytes: a non-negative integer of any
+    integer type (not a bool)."""
+    try:
+        count = -1 if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        count = -1
+    if count < 0:
+        raise LocalProtocolError(f"the {what} must be a non-negative int, got {value!r}")
+    return count
+
+
+def split_bytes(buf: Any, count: SupportsIndex) -> np.ndarray[Any, np.dtype[np.object_]]:
     """Split the BYTES framing of ``count`` elements filling ``buf`` into a 1-D
     object array of ``bytes``; bad framing is :class:`RemoteProtocolError`."""
-    data = buf if isinstance(buf, bytes) else bytes(buf)
-    framer = BytesFramer("BYTES tensor", count, len(data), 0, collect=True)
+    data = buf if isinstance(buf, bytes) else as_byte_view(buf).tobytes()
+    framer = BytesFramer("BYTES tensor", _count(count, "element count"), len(data), 0, collect=True)
     framer.feed(data, 0)
     framer.finish()
     return object_array(framer.take())

@@ -23,6 +23,7 @@ from typing import Any
 
 from ._errors import LocalProtocolError, RemoteProtocolError
 from ._limits import Limits
+from ._util import as_byte_view
 
 __all__ = [
     "BLOCK",
@@ -374,13 +375,13 @@ def compress_buffers(
         raise LocalProtocolError(exc.msg) from None
     if name is None:
         raise LocalProtocolError("compress_buffers needs 'gzip' or 'deflate', not identity")
-    if not (isinstance(level, int) and -1 <= level <= 9):
+    if isinstance(level, bool) or not (isinstance(level, int) and -1 <= level <= 9):
         raise LocalProtocolError(f"compression level must be -1..9, got {level!r}")
     if isinstance(piece, bool) or not isinstance(piece, int) or piece <= 0:
         raise LocalProtocolError(f"piece must be a positive int, got {piece!r}")
     comp = zlib.compressobj(level, zlib.DEFLATED, _GZIP_WBITS if name == "gzip" else _ZLIB_WBITS)
     for buf in buffers:
-        view = memoryview(buf).cast("B")
+        view = as_byte_view(buf)  # (any C-contiguous buffer; else LocalProtocolError)
         for start in range(0, len(view), piece):
             out = comp.compress(view[start : start + piece])
             if out:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import struct
 import tracemalloc
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -73,6 +74,29 @@ def test_faults_at_the_same_offset_in_every_chunking(
         assert isinstance(got, tuple), got
         assert message in got[0]
         assert got[1] == offset
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: split_bytes(b"", -1),
+        lambda: split_bytes(b"", "1"),  # type: ignore[arg-type]
+        lambda: split_bytes(b"\0\0\0\0", True),
+        lambda: split_bytes("abcd", 1),
+        lambda: split_bytes(np.arange(8, dtype=np.uint8)[::2], 1),
+        lambda: BytesDecoder(-1, 0),
+        lambda: BytesDecoder(1, -4),
+        lambda: BytesDecoder(None, 5),
+        lambda: BytesDecoder(1, 5).feed("abcde"),
+    ],
+)
+def test_a_count_or_buffer_of_the_wrong_kind_is_misuse(call: Callable[[], object]) -> None:
+    with pytest.raises(LocalProtocolError):
+        call()
+
+
+def test_counts_of_any_integer_type_are_taken() -> None:
+    assert split_bytes(b"\1\0\0\0a", np.int64(1)).tolist() == [b"a"]
 
 
 def test_misuse() -> None:

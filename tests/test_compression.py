@@ -503,7 +503,8 @@ def test_compress_buffers_then_parse() -> None:
 
 
 @pytest.mark.parametrize(
-    ("encoding", "level"), [("identity", 6), ("gzip", 10), ("deflate", -2), ("gzip", 1.5)]
+    ("encoding", "level"),
+    [("identity", 6), ("gzip", 10), ("deflate", -2), ("gzip", 1.5), ("gzip", True)],
 )
 def test_compress_buffers_rejects_misuse(encoding: str, level: Any) -> None:
     with pytest.raises(LocalProtocolError):
@@ -514,6 +515,16 @@ def test_compress_buffers_unsupported_encoding_is_the_callers_misuse() -> None:
     with pytest.raises(LocalProtocolError, match="unsupported Content-Encoding 'br'") as exc:
         list(binproto.compress_buffers([b"x"], "br"))
     assert exc.value.status_hint == 500
+
+
+@pytest.mark.parametrize(
+    "buffer",
+    [np.arange(8, dtype=np.uint8)[::2], np.zeros((3, 2), order="F"), "text", 5],
+    ids=["strided", "fortran", "str", "int"],
+)
+def test_compress_buffers_refuses_what_is_no_contiguous_buffer(buffer: Any) -> None:
+    with pytest.raises(LocalProtocolError):
+        list(binproto.compress_buffers([b"x", buffer], "gzip"))
 
 
 @pytest.mark.parametrize("piece", [0, -1, 1.5, True])
