@@ -8,10 +8,10 @@ three things:
   (the header length, ``Content-Length`` and ``Content-Encoding`` come from the
   HTTP headers) and feed it ``h11.Data`` / ``h11.EndOfMessage`` events;
 * turn an encoded body into the bytes to write, through an ``h11.Connection``,
-  without joining tensor buffers: the head and the JSON header go through
-  ``Connection.send``; each tensor buffer goes through
+  without joining tensor buffers: the head goes through ``Connection.send``;
+  the JSON header and each tensor buffer through
   ``Connection.send_with_data_passthrough``, which hands back the very object
-  it was given, ready for ``socket.sendmsg`` or ``writelines``;
+  it was given (as byte views), ready for ``socket.sendmsg`` or ``writelines``;
 * the same for a compressed body (:func:`send_compressed`), a piece at a time;
 * V2 error bodies (``{"error": "..."}``) for a :class:`binproto.ProtocolError`.
 
