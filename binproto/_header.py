@@ -19,7 +19,6 @@ __all__ = [
     "RequestedOutput",
     "TensorInfo",
     "build_header",
-    "counted_keys",
 ]
 
 Kind = Literal["request", "response"]
@@ -206,9 +205,8 @@ def _bad_shape(role: str, name: str) -> RemoteProtocolError:
     )
 
 
-def _tensor(t: Any, index: int, role: str, limit: int, seen: set[str]) -> TensorInfo:
-    """One tensor of the header; ``limit`` is the most bytes a binary tensor
-    may have (the limits' and numpy's bound)."""
+def _tensor(t: Any, index: int, role: str, limits: Limits, seen: set[str]) -> TensorInfo:
+    """One tensor of the header."""
     if type(t) is not dict:
         raise _fail(f"Unable to parse '{role}s': element {index} is not an object")
     name = t.get("name")
@@ -246,12 +244,14 @@ def _tensor(t: Any, index: int, role: str, limit: int, seen: set[str]) -> Tensor
                 f"Unable to parse 'binary_data_size' of {role} '{name}':"
                 " expected a non-negative integer"
             )
-        if size > limit:
+        if size > limits.max_tensor_bytes or size > MAX_ARRAY_BYTES:  # numpy's bound, too
+            limit = min(limits.max_tensor_bytes, MAX_ARRAY_BYTES)
             raise _fail(
                 f"binary_data_size {size} of {role} '{name}' exceeds the limit of {limit} bytes",
                 413,
             )
-        _check_binary_size(dt, elements, size, role, name)
+        if dt.itemsize is None or size != elements * dt.itemsize:
+            _check_binary_size(dt, elements, size, role, name)  # BYTES, or a wrong size
         nbytes = size
     elif has_data:
         array = json_data_to_array(data, dt, shape, f"{role} '{name}'", elements)
@@ -337,48 +337,46 @@ def _requested_outputs(obj: dict[str, Any], limits: Limits) -> tuple[RequestedOu
     return tuple(result)
 
 
-def build_header(obj: Any, kind: Kind, limits: Limits, header_length: int) -> InferenceHeader:
-    """Validate a decoded JSON header and describe it."""
+def build_header(
+    obj: Any, kind: Kind, limits: Limits, header_length: int
+) -> tuple[InferenceHeader, int]:
+    """Validate a decoded JSON header and describe it.
+
+    Returns the header, and how many keys the objects of the JSON that the
+    format defines hold (the header, its parameters, each tensor and its
+    parameters, each requested output and its parameters), counted as they
+    are validated: a parser that drops repeated keys checks the raw text
+    against that count."""
     if not isinstance(obj, dict):
         raise _fail(f"the inference {kind} header is not a JSON object")
-    role = "input" if kind == "request" else "output"
-    tensors_json = obj.get(f"{role}s")
+    role, listed = ("input", "inputs") if kind == "request" else ("output", "outputs")
+    tensors_json = obj.get(listed)
     if not isinstance(tensors_json, list):
-        raise _fail(f"Unable to parse '{role}s': expected an array")
+        raise _fail(f"Unable to parse '{listed}': expected an array")
     if len(tensors_json) > limits.max_tensors:
-        raise _fail(f"{len(tensors_json)} {role}s exceed the limit of {limits.max_tensors}", 413)
+        raise _fail(f"{len(tensors_json)} {listed} exceed the limit of {limits.max_tensors}", 413)
     params = _parameters(obj, f"the {kind}")
     bdo = params.get("binary_data_output")
     if bdo is not None and not isinstance(bdo, bool):
         raise _fail("Unable to parse 'binary_data_output': expected a bool")
+    keys = len(obj) + len(params)
     seen: set[str] = set()
-    limit = min(limits.max_tensor_bytes, MAX_ARRAY_BYTES)  # numpy's bound, too
     infos = []
     for i, t in enumerate(tensors_json):
-        infos.append(_tensor(t, i, role, limit, seen))
+        info = _tensor(t, i, role, limits, seen)
+        infos.append(info)
+        keys += len(t) + len(info.parameters)
     id_ = _optional_str(obj, "id")
     model_name = _optional_str(obj, "model_name")
     model_version = _optional_str(obj, "model_version")
-    requested = _requested_outputs(obj, limits) if kind == "request" else None
+    requested = None
+    if kind == "request" and obj.get("outputs") is not None:
+        requested = _requested_outputs(obj, limits)
+        for out in obj["outputs"]:
+            out_params = out.get("parameters")
+            keys += len(out) + (len(out_params) if out_params else 0)
     # Positional, in field order, as TensorInfo above.
-    return InferenceHeader(
+    header = InferenceHeader(
         kind, id_, model_name, model_version, params, tuple(infos), requested, obj, header_length
     )
-
-
-def counted_keys(header: InferenceHeader) -> int:
-    """How many keys the objects of ``header``'s JSON that the format defines
-    hold: the header, its parameters, each tensor and its parameters, each
-    requested output and its parameters (objects anywhere else are not
-    counted)."""
-    obj = header.raw
-    count = len(obj) + len(header.parameters)
-    for tensor in header.tensors:
-        count += len(tensor.parameters)
-    for entry in obj["inputs" if header.kind == "request" else "outputs"]:
-        count += len(entry)
-    if header.requested_outputs is not None:
-        for out in obj["outputs"]:
-            params = out.get("parameters")
-            count += len(out) + (len(params) if params else 0)
-    return count
+    return header, keys

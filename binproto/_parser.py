@@ -77,6 +77,17 @@ class ParserState(enum.Enum):
     ERROR = "ERROR"  #: a protocol error was raised; every later call raises
 
 
+# The states as module constants, as NEED_DATA is: on Python 3.11 a member
+# looked up on its Enum class goes through the metaclass's Python-level
+# __getattr__ hook (~0.13 us), which the parser would pay on every change of
+# state and every events() call.
+_HEADER = ParserState.HEADER
+_TENSORS = ParserState.TENSORS
+_END = ParserState.END
+_DONE = ParserState.DONE
+_ERROR = ParserState.ERROR
+
+
 def check_arguments(
     kind: str,
     header_length: int | None,
@@ -143,7 +154,7 @@ class Parser:
         self.content_length = content_length
         self.limits = limits if limits is not None else DEFAULT_LIMITS
         self.strict_bool = strict_bool
-        self._state = ParserState.HEADER
+        self._state = _HEADER
         # The current state's reader (None in DONE and ERROR, which have none).
         self._reader: Callable[[Parser], Event | NeedData] | None = Parser._read_header
         self._error: BaseException | None = None
@@ -151,10 +162,11 @@ class Parser:
         # by the first next_event, as every fault of the body is.
         self._deferred: RemoteProtocolError | None = None
         encoding: str | None = None
-        try:
-            encoding = normalize_encoding(content_encoding)
-        except RemoteProtocolError as exc:
-            self._deferred = exc
+        if content_encoding is not None:
+            try:
+                encoding = normalize_encoding(content_encoding)
+            except RemoteProtocolError as exc:
+                self._deferred = exc
         #: The normalized content coding: ``"gzip"``, ``"deflate"`` or None.
         self.content_encoding = encoding
         self._queue = ChunkQueue(
@@ -170,6 +182,20 @@ class Parser:
         )
         self._header: InferenceHeader | None = None
         self._tensors: TensorReader | None = None
+        if self._deferred is None:
+            # The lengths are known now; a fault of theirs is the peer's, raised
+            # by the first next_event as the others above.
+            try:
+                check_lengths(
+                    header_length,
+                    content_length,
+                    self._body_length,
+                    self._header_reader.length,
+                    self.limits,
+                    raw=self._raw_input is not None,
+                )
+            except RemoteProtocolError as exc:
+                self._deferred = exc
 
     def _check_raw_input(self, spec: TensorSpec, kind: Kind) -> None:
         if kind != "request":
@@ -220,7 +246,7 @@ class Parser:
         """
         queue = self._queue
         if (
-            self._state is not ParserState.TENSORS
+            self._state is not _TENSORS
             or self._tensors is None
             or queue.source is not None
             or queue.waiting
@@ -249,9 +275,9 @@ class Parser:
 
     def _receive_edge(self, data: memoryview) -> None:
         state = self._state
-        if state is ParserState.ERROR:
+        if state is _ERROR:
             raise LocalProtocolError("cannot receive data: the parser is in the ERROR state")
-        if not data and state is ParserState.DONE:
+        if not data and state is _DONE:
             return  # the end of a body already complete
         if self._queue.input_ended:
             raise LocalProtocolError("cannot receive data after the end of the body")
@@ -275,7 +301,7 @@ class Parser:
         """
         reader = self._reader
         if reader is None:
-            if self._state is ParserState.DONE:
+            if self._state is _DONE:
                 raise LocalProtocolError("no more events: the message is complete")
             raise LocalProtocolError(
                 "no more events: the parser is in the ERROR state"
@@ -288,7 +314,7 @@ class Parser:
     def events(self) -> Iterator[Event]:
         """Yield events until NEED_DATA, or until MessageComplete (after it,
         nothing)."""
-        if self._state is ParserState.DONE:
+        if self._state is _DONE:
             return
         while True:
             event = self.next_event()
@@ -309,7 +335,7 @@ class Parser:
     def _fail(self, exc: BaseException) -> NoReturn:
         # Not only the peer's faults: whatever stopped the parser midway, it
         # cannot safely go on, so it stays in ERROR.
-        self._enter(ParserState.ERROR)
+        self._enter(_ERROR)
         self._error = exc
         self._queue.clear()
         raise exc
@@ -317,7 +343,8 @@ class Parser:
     # -- readers ----------------------------------------------------------------
 
     def _read_header(self) -> Event | NeedData:
-        self._check_lengths()
+        if self._deferred is not None:  # the lengths or coding, checked when made
+            raise self._deferred
         if self._raw_input is not None:
             header, prefix = raw_header(self._raw_input, self._body_length, self.limits)
             tensors = TensorReader(header, self.strict_bool, prefix)
@@ -338,7 +365,7 @@ class Parser:
         )
         self._header = header
         self._tensors = tensors
-        self._enter(ParserState.TENSORS, Parser._read_tensors)
+        self._enter(_TENSORS, Parser._read_tensors)
         return HeaderParsed(header)
 
     def _read_tensors(self) -> Event | NeedData:
@@ -346,25 +373,15 @@ class Parser:
         event = self._tensors.read(self._queue)
         if event is not None:
             return event
-        self._enter(ParserState.END, Parser._read_end)
+        # Every tensor is complete: DONE at once when the body is known to end
+        # here, else END until it does.
         return self._read_end()
 
     def _read_end(self) -> Event | NeedData:
         assert self._tensors is not None
         event = read_end(self._queue, self._tensors.position, self._body_length)
-        if event is not NEED_DATA:
-            self._enter(ParserState.DONE)
+        if event is NEED_DATA:
+            self._enter(_END, Parser._read_end)
+        else:
+            self._enter(_DONE)
         return event
-
-    def _check_lengths(self) -> None:
-        """Check header_length and content_length before reading anything."""
-        if self._deferred is not None:
-            raise self._deferred
-        check_lengths(
-            self.header_length,
-            self.content_length,
-            self._body_length,
-            self._header_reader.length,
-            self.limits,
-            raw=self._raw_input is not None,
-        )

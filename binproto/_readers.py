@@ -14,7 +14,7 @@ from ._bytes import BytesFramer
 from ._compression import Inflater
 from ._errors import RemoteProtocolError
 from ._events import NEED_DATA, Event, MessageComplete, NeedData, TensorChunk, TensorComplete
-from ._header import InferenceHeader, Kind, TensorInfo, build_header, counted_keys
+from ._header import InferenceHeader, Kind, TensorInfo, build_header
 from ._json import loads_header, refuse_repeated_keys
 from ._limits import Limits
 from ._util import check_bool
@@ -171,12 +171,12 @@ def parse_header(raw: bytes, kind: Kind, limits: Limits) -> InferenceHeader:
 def check_header(raw: bytes, obj: Any, kind: Kind, limits: Limits) -> InferenceHeader:
     """Validate ``obj``, the JSON header ``raw`` decoded by :func:`loads_header`."""
     try:
-        header = build_header(obj, kind, limits, len(raw))
+        header, keys = build_header(obj, kind, limits, len(raw))
     except RemoteProtocolError:
         # A repeated key is the fault a reader of the JSON meets first.
         refuse_repeated_keys(raw, 0, kind)
         raise
-    refuse_repeated_keys(raw, counted_keys(header), kind)
+    refuse_repeated_keys(raw, keys, kind)
     return header
 
 

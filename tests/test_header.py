@@ -13,7 +13,7 @@ from binproto._header import build_header
 
 def test_a_fixed_size_binary_tensor_is_described() -> None:
     t = {"name": "x", "datatype": "FP32", "shape": [2, 3], "parameters": {"binary_data_size": 24}}
-    header = build_header({"inputs": [t]}, "request", binproto.Limits(), 90)
+    header, _ = build_header({"inputs": [t]}, "request", binproto.Limits(), 90)
     (info,) = header.tensors
     assert (info.index, info.name, info.datatype, info.shape) == (0, "x", "FP32", (2, 3))
     assert (info.binary_size, info.nbytes, info.data, info.array) == (24, 24, None, None)
@@ -33,7 +33,7 @@ TENSOR_PLACES: list[dict[str, Any]] = [
 def test_built_records_are_the_ones_their_field_names_say() -> None:
     obj: dict[str, Any] = {"id": "7", "model_name": "m", "model_version": "2"}
     obj |= {"parameters": {"p": 1}, "inputs": TENSOR_PLACES, "outputs": [{"name": "b"}]}
-    header = build_header(obj, "request", binproto.Limits(), 321)
+    header, _ = build_header(obj, "request", binproto.Limits(), 321)
     b, j, s = header.tensors
     assert b == binproto.TensorInfo(
         index=0, name="b", datatype="INT32", shape=(2,), parameters={"binary_data_size": 8},
@@ -72,7 +72,7 @@ def test_record_fields_keep_their_order() -> None:
 def test_a_tensor_info_is_an_immutable_named_tuple() -> None:
     params = {"binary_data_size": 8}
     t = {"name": "x", "datatype": "INT32", "shape": [2], "parameters": params}
-    (built,) = build_header({"outputs": [t]}, "response", binproto.Limits(), 10).tensors
+    (built,) = build_header({"outputs": [t]}, "response", binproto.Limits(), 10)[0].tensors
     made = binproto.TensorInfo(
         index=0, name="x", datatype="INT32", shape=(2,), parameters=params,
         binary_size=8, data=None, nbytes=8,
