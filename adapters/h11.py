@@ -51,7 +51,7 @@ from binproto import (
 )
 from binproto._header import Kind
 from binproto._http import HeaderFields, content_length_from, error_text
-from binproto._util import as_byte_view
+from binproto._util import as_byte_view, whole_number
 
 if TYPE_CHECKING:
     from binproto import EncodedBody
@@ -105,8 +105,19 @@ class Sender(Protocol):
 _CLOSE = (b"Connection", b"close")
 
 
+def _connection_tokens(headers: Iterable[tuple[bytes, bytes]]) -> set[bytes]:
+    """The tokens of a head's Connection headers, lower-cased (``close``,
+    ``keep-alive``, ...)."""
+    return {
+        token.strip(b" \t").lower()
+        for name, value in headers
+        if name.lower() == b"connection"
+        for token in value.split(b",")
+    } - {b""}
+
+
 class ResponseFramer:
-    """Frames a server's response to one request as h11 would, byte for byte.
+    """Frames a server's response to one request as h11 would.
 
     h11 parses the request head; the response then needs only framing: a
     status line and headers, the body as it is (``Content-Length``) or in
@@ -128,11 +139,8 @@ class ResponseFramer:
         self._head_only = request is not None and request.method == b"HEAD"
         self._http10 = request is None or request.http_version < b"1.1"
         self.keep_alive = request is not None and not self._http10
-        if request is not None:
-            for name, value in request.headers.raw_items():
-                if name.lower() == b"connection":
-                    if b"close" in value.lower().replace(b" ", b"").split(b","):
-                        self.keep_alive = False
+        if request is not None and b"close" in _connection_tokens(request.headers.raw_items()):
+            self.keep_alive = False
         self._length: int | None = None  # body bytes still due (Content-Length)
         self._chunked = False
 
@@ -203,26 +211,20 @@ class ResponseFramer:
             headers = [
                 pair for pair, name in zip(headers, lowered, strict=True) if name not in framing
             ]
-            if self._http10:
-                self.keep_alive = False
-            else:
+            if not self._http10:  # (to HTTP/1.0, keep_alive is False already)
                 headers.append((b"Transfer-Encoding", b"chunked"))
                 self._chunked = not self._head_only
-        if b"connection" in lowered:
-            tokens = {
-                token.strip().lower()
-                for name, value in headers
-                if name.lower() == b"connection"
-                for token in value.split(b",")
-            }
-            self.keep_alive = self.keep_alive and b"close" not in tokens
-            if not self.keep_alive:
-                # One set of tokens, with close and without keep-alive (as h11 writes it).
+        if not self.keep_alive:
+            # The connection closes whatever the response says: as h11 does,
+            # its Connection header is rewritten, with close, without keep-alive.
+            if b"connection" in lowered:
+                tokens = (_connection_tokens(headers) - {b"keep-alive"}) | {b"close"}
                 headers = [pair for pair in headers if pair[0].lower() != b"connection"]
-                tokens = (tokens - {b"keep-alive", b""}) | {b"close"}
                 headers.extend((b"Connection", token) for token in sorted(tokens))
-        elif not self.keep_alive:
-            headers.append(_CLOSE)
+            else:
+                headers.append(_CLOSE)
+        elif b"connection" in lowered and b"close" in _connection_tokens(headers):
+            self.keep_alive = False  # the response closes it (its header left as written)
         self.our_state = h11.SEND_BODY
         lines = [b"HTTP/1.1 %d %s\r\n" % (status, reason)]
         lines.extend(b"%s: %s\r\n" % pair for pair in headers)
@@ -275,10 +277,10 @@ def fields_of(event: h11.Request | h11.Response | HeaderFields) -> HeaderFields:
     return HeaderFields(event.headers.raw_items())
 
 
-def remote_error(exc: h11.ProtocolError) -> RemoteProtocolError:
+def remote_error(exc: h11.ProtocolError, offset: int | None = None) -> RemoteProtocolError:
     """h11's complaint about the peer's HTTP, as binproto's error (with h11's
-    status hint)."""
-    return RemoteProtocolError(str(exc), status_hint=exc.error_status_hint)
+    status hint, and the body offset it was found at when given)."""
+    return RemoteProtocolError(str(exc), status_hint=exc.error_status_hint, offset=offset)
 
 
 def content_length_of(event: h11.Request | h11.Response | HeaderFields) -> int | None:
@@ -584,14 +586,11 @@ def receive_body_into(
     h11 never sees the bytes read this way, so ``conn`` cannot go on to the
     next request/response cycle: start a new ``h11.Connection`` for it.
     """
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise LocalProtocolError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    size = whole_number(chunk_size, "chunk_size", least=1)
     try:
-        _receive_body_into(sock, conn, parser, assembler, chunk_size)
+        _receive_body_into(sock, conn, parser, assembler, size)
     except h11.RemoteProtocolError as exc:  # bad chunked framing, or an early close
-        raise RemoteProtocolError(
-            str(exc), status_hint=exc.error_status_hint, offset=parser.bytes_parsed
-        ) from None
+        raise remote_error(exc, parser.bytes_parsed) from None
 
 
 def _receive_body_into(
@@ -653,7 +652,9 @@ def _receive_body_into(
                 elif type(event) is h11.EndOfMessage:
                     parser.receive_data(b"")
                 else:
-                    raise RemoteProtocolError("the connection closed in the body")
+                    raise RemoteProtocolError(
+                        "the connection closed in the body", offset=parser.bytes_parsed
+                    )
                 if drain():
                     return
     remaining = content_length - delivered
@@ -670,7 +671,9 @@ def _receive_body_into(
         if not n:
             parser.receive_data(b"")
             drain()
-            raise RemoteProtocolError("the connection closed in the body")
+            raise RemoteProtocolError(
+                "the connection closed in the body", offset=parser.bytes_parsed
+            )
         remaining -= n
         parser.receive_data(view[:n])
         if drain():

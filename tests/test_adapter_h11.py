@@ -439,6 +439,7 @@ _HEADS = {
     "1.1": b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
     "1.0": b"GET / HTTP/1.0\r\n\r\n",
     "close": b"GET / HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, Close\r\n\r\n",
+    "close after a tab": b"GET / HTTP/1.1\r\nHost: x\r\nConnection: foo,\tclose\r\n\r\n",
 }
 _RESPONSES = {
     "content-length": [
@@ -465,6 +466,12 @@ _RESPONSES = {
         h11.Response(
             status_code=200, headers=[("Content-Length", "2"), ("Transfer-Encoding", "chunked")]
         ),
+        h11.Data(data=b"hi"),
+        h11.EndOfMessage(),
+    ],
+    # The server closes: its own header, where it put it.
+    "closing first": [
+        h11.Response(status_code=200, headers=[("Connection", "Upgrade, close"), ("X", "y")]),
         h11.Data(data=b"hi"),
         h11.EndOfMessage(),
     ],
