@@ -69,7 +69,7 @@ from binproto import (
 )
 from binproto._assemble import Destinations
 from binproto._compression import GZIP_AHEAD, check_gzip_size
-from binproto._util import aligned_arrays, aligned_copy
+from binproto._util import aligned_arrays, aligned_copy, whole_number
 from binproto._writer import response_start
 
 from .h11 import (
@@ -242,13 +242,17 @@ class InferenceError(Exception):
     """
 
     def __init__(self, message: str, status: int = 400) -> None:
-        if type(status) is not int or not 400 <= status <= 599:
+        try:
+            code = whole_number(status, "status")  # (an HTTPStatus, a numpy integer)
+        except LocalProtocolError:
+            code = 0
+        if not 400 <= code <= 599:
             raise LocalProtocolError(
                 f"an InferenceError's status is an HTTP error status, 400-599; got {status!r}"
             )
         super().__init__(message)
         self.message = message
-        self.status = status
+        self.status = code
 
 
 @dataclass(frozen=True, slots=True)

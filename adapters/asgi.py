@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import logging
-import operator
 from collections.abc import (
     AsyncIterable,
     AsyncIterator,
@@ -70,7 +69,13 @@ from binproto._compression import (
 from binproto._decode import decode
 from binproto._http import error_text
 from binproto._parser import DEFAULT_LIMITS, check_arguments
-from binproto._util import aligned_arrays, aligned_copy, as_byte_view, gather_small
+from binproto._util import (
+    aligned_arrays,
+    aligned_copy,
+    as_byte_view,
+    gather_small,
+    whole_number,
+)
 from binproto._writer import response_start
 
 if TYPE_CHECKING:
@@ -373,18 +378,6 @@ def _raw_headers(headers: Iterable[tuple[Any, Any]]) -> list[tuple[bytes, bytes]
     ]
 
 
-def _chunk_size(chunk_size: Any) -> int:
-    """``chunk_size`` when it is a whole number of bytes, at least one (any
-    integer type; not a bool)."""
-    try:
-        size = operator.index(chunk_size)
-    except TypeError:
-        size = 0
-    if isinstance(chunk_size, bool) or size < 1:
-        raise LocalProtocolError(f"chunk_size must be a positive int, got {chunk_size!r}")
-    return size
-
-
 def _pieces(buffers: Iterable[Any], chunk_size: int) -> Iterator[Any]:
     """``buffers`` as the messages of a body: runs of small buffers joined
     (:func:`~binproto._util.gather_small`), then each piece cut into views of
@@ -424,7 +417,13 @@ async def send_buffers(
     message costs the server a write. The last message ends the body.
     ``buffers`` may be lazy (a compressor's output): it is read as it is sent.
     """
-    await _send_raw(send, buffers, status, _raw_headers(headers), _chunk_size(chunk_size))
+    await _send_raw(
+        send,
+        buffers,
+        status,
+        _raw_headers(headers),
+        whole_number(chunk_size, "chunk_size", least=1),
+    )
 
 
 async def _send_raw(
@@ -475,7 +474,7 @@ class BufferResponse(_ResponseBase):
         self.status_code = status_code
         self.raw_headers = _raw_headers(_header_pairs(headers))
         self.background = background
-        self.chunk_size = _chunk_size(chunk_size)
+        self.chunk_size = whole_number(chunk_size, "chunk_size", least=1)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Send the response (an ASGI application)."""
@@ -544,11 +543,10 @@ class EncodedResponse(BufferResponse):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Send the response (an ASGI application)."""
-        if self.encoding is None:
-            await super().__call__(scope, receive, send)
-            return
-        pieces = compress_buffers(self.buffers, self.encoding, level=self.compression_level)
-        await _send_raw(send, pieces, self.status_code, self.raw_headers, self.chunk_size)
+        buffers: Iterable[Any] = self.buffers
+        if self.encoding is not None:
+            buffers = compress_buffers(buffers, self.encoding, level=self.compression_level)
+        await _send_raw(send, buffers, self.status_code, self.raw_headers, self.chunk_size)
         if self.background is not None:
             await self.background()
 
@@ -586,7 +584,7 @@ class WriterResponse(_ResponseBase):
         self.status_code = status_code
         self.raw_headers = _raw_headers([*writer.headers, *items])
         self.background = background
-        self.chunk_size = _chunk_size(chunk_size)
+        self.chunk_size = whole_number(chunk_size, "chunk_size", least=1)
 
     async def _iter_pieces(self) -> AsyncIterator[tuple[int | str, Any]]:
         pieces = self.pieces

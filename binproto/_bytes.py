@@ -3,7 +3,6 @@ joined at once."""
 
 from __future__ import annotations
 
-import operator
 import struct
 from collections.abc import Iterable, Iterator
 from typing import Any, SupportsIndex
@@ -12,7 +11,7 @@ import numpy as np
 
 from ._errors import LocalProtocolError, RemoteProtocolError
 from ._header import TensorInfo
-from ._util import as_byte_view
+from ._util import as_byte_view, whole_number
 
 __all__ = [
     "BytesDecoder",
@@ -205,8 +204,8 @@ class BytesDecoder:
         if not isinstance(info_or_elements, TensorInfo):
             if size is None:
                 raise LocalProtocolError("BytesDecoder needs the tensor's binary_data_size")
-            elements = _count(info_or_elements, "element count")
-            size, label = _count(size, "binary_data_size"), "BYTES tensor"
+            elements = whole_number(info_or_elements, "the element count")
+            size, label = whole_number(size, "binary_data_size"), "BYTES tensor"
         else:
             info = info_or_elements
             if info.datatype != "BYTES" or info.binary_size is None:
@@ -227,23 +226,13 @@ class BytesDecoder:
         self._framer.finish()
 
 
-def _count(value: Any, what: str) -> int:
-    """A caller's count of elements or bytes: a non-negative integer of any
-    integer type (not a bool)."""
-    try:
-        count = -1 if isinstance(value, bool) else operator.index(value)
-    except TypeError:
-        count = -1
-    if count < 0:
-        raise LocalProtocolError(f"the {what} must be a non-negative int, got {value!r}")
-    return count
-
-
 def split_bytes(buf: Any, count: SupportsIndex) -> np.ndarray[Any, np.dtype[np.object_]]:
     """Split the BYTES framing of ``count`` elements filling ``buf`` into a 1-D
     object array of ``bytes``; bad framing is :class:`RemoteProtocolError`."""
     data = buf if isinstance(buf, bytes) else as_byte_view(buf).tobytes()
-    framer = BytesFramer("BYTES tensor", _count(count, "element count"), len(data), 0, collect=True)
+    framer = BytesFramer(
+        "BYTES tensor", whole_number(count, "the element count"), len(data), 0, collect=True
+    )
     framer.feed(data, 0)
     framer.finish()
     return object_array(framer.take())

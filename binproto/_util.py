@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -69,6 +70,20 @@ def aligned_copy(data: Any, at: int) -> memoryview:
     copy = bytearray(pad)
     copy += as_byte_view(data)
     return memoryview(copy)[pad:]
+
+
+def whole_number(value: Any, what: str, *, least: int = 0) -> int:
+    """``value`` as an ``int``: a whole number of any integer type (numpy's
+    included; not a bool) of at least ``least``. Anything else is the
+    caller's :class:`LocalProtocolError`, naming ``what``."""
+    try:
+        number = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        number = None
+    if number is None or number < least:
+        bound = {0: "a non-negative", 1: "a positive"}.get(least, f"an (>= {least})")
+        raise LocalProtocolError(f"{what} must be {bound} int, got {value!r}")
+    return number
 
 
 def aligned_arrays(tensors: dict[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from http import HTTPStatus
 from typing import Any
 
 import h11
@@ -1837,7 +1838,12 @@ def test_a_handlers_local_protocol_error_is_logged(caplog: pytest.LogCaptureFixt
     assert "no V2 datatype" in caplog.text
 
 
-@pytest.mark.parametrize("status", [304, 204, 200, 100, 600, "404"])
+def test_an_inference_error_takes_any_integer_status() -> None:
+    assert InferenceError("gone", HTTPStatus.NOT_FOUND).status == 404
+    assert type(InferenceError("gone", np.int64(410)).status) is int  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("status", [304, 204, 200, 100, 600, "404", True])
 def test_an_inference_error_without_an_error_status_is_a_logged_500(
     status: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
