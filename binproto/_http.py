@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from ._compression import normalize_encoding, unsupported_encoding
-from ._errors import ProtocolError, RemoteProtocolError
+from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from ._header import Kind
 from ._limits import Limits
 from ._parser import Parser
@@ -44,7 +44,9 @@ def _text(value: str | bytes) -> str:
 
 
 class HeaderFields:
-    """A message's header fields, read once: values by lower-cased name.
+    """A message's header fields, read once: values by lower-cased name
+    (``str`` or ``bytes``, as latin-1; each value is decoded and stripped when
+    it is looked up).
 
     Pass it wherever :data:`Headers` are taken to look up several headers of
     one message without reading every header each time (a server reads
@@ -74,6 +76,10 @@ class HeaderFields:
         else:
             items = headers.items() if isinstance(headers, Mapping) else headers
         for key, value in items:
+            if not (isinstance(value, (str, bytes)) and isinstance(key, (str, bytes))):
+                raise LocalProtocolError(
+                    f"header names and values are str or bytes, got {key!r}: {value!r}"
+                )
             name = (key.decode("latin-1") if isinstance(key, bytes) else key).lower()
             if name in raw:
                 repeats.setdefault(name, []).append(value)

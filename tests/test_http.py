@@ -313,6 +313,22 @@ def test_header_fields_refuse_a_conflict_only_when_it_is_looked_up() -> None:
     assert binproto.HeaderFields({"a": "1", "A": "1"}).get("a") == "1"
 
 
+def test_header_fields_compare_repeats_as_they_are_read() -> None:
+    # Values are decoded and stripped when looked up: str, bytes, whitespace alike.
+    fields = binproto.HeaderFields([("X", " 1"), (b"x", b"1\t"), ("Y", "a"), (b"y", b"b")])  # type: ignore[arg-type]
+    assert fields.get("x") == "1"
+    with pytest.raises(RemoteProtocolError, match="conflicting Y headers: 'a' and 'b'"):
+        fields.get("Y")
+
+
+@pytest.mark.parametrize(
+    "headers", [{"Content-Length": None}, [("X", None), ("x", "1")], [("X", 5)], [(5, "1")]]
+)
+def test_header_fields_refuse_names_and_values_that_are_no_text(headers: Any) -> None:
+    with pytest.raises(binproto.LocalProtocolError, match="str or bytes"):
+        binproto.HeaderFields(headers)
+
+
 def test_header_fields_say_which_headers_are_present() -> None:
     fields = binproto.HeaderFields([(b"Content-Length", b"7"), (b"X-A", b"1"), (b"x-a", b"2")])
     assert "content-length" in fields and "Content-Length" in fields
