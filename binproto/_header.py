@@ -250,8 +250,13 @@ def _tensor(t: Any, index: int, role: str, limits: Limits, seen: set[str]) -> Te
                 f"binary_data_size {size} of {role} '{name}' exceeds the limit of {limit} bytes",
                 413,
             )
-        if dt.itemsize is None or size != elements * dt.itemsize:
-            _check_binary_size(dt, elements, size, role, name)  # BYTES, or a wrong size
+        if dt.itemsize is None:
+            _check_bytes_size(elements, size, role, name)
+        elif size != elements * dt.itemsize:
+            raise _fail(
+                f"unexpected total byte size {size} for {role} '{name}', expecting"
+                f" {elements * dt.itemsize} ({elements} {dt.name} elements)"
+            )
         nbytes = size
     elif has_data:
         array = json_data_to_array(data, dt, shape, f"{role} '{name}'", elements)
@@ -289,14 +294,10 @@ def _not_one_place(
     )
 
 
-def _check_binary_size(dt: DataType, elements: int, size: int, role: str, name: str) -> None:
-    if dt.itemsize is not None:
-        if size != elements * dt.itemsize:
-            raise _fail(
-                f"unexpected total byte size {size} for {role} '{name}', expecting"
-                f" {elements * dt.itemsize} ({elements} {dt.name} elements)"
-            )
-    elif size < 4 * elements:
+def _check_bytes_size(elements: int, size: int, role: str, name: str) -> None:
+    """A BYTES tensor's binary_data_size against its element count (its
+    elements' lengths are checked as its bytes arrive)."""
+    if size < 4 * elements:
         raise _fail(
             f"unexpected total byte size {size} for {role} '{name}': {elements} BYTES elements"
             f" need at least {4 * elements} bytes for their length prefixes"
