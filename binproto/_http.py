@@ -76,11 +76,15 @@ class HeaderFields:
         else:
             items = headers.items() if isinstance(headers, Mapping) else headers
         for key, value in items:
-            if not (isinstance(value, (str, bytes)) and isinstance(key, (str, bytes))):
+            name: str | None = None
+            if type(key) is bytes:  # (as servers give them: the cheapest test first)
+                name = key.decode("latin-1").lower()
+            elif isinstance(key, str):
+                name = key.lower()
+            if name is None or (type(value) is not bytes and not isinstance(value, (str, bytes))):
                 raise LocalProtocolError(
                     f"header names and values are str or bytes, got {key!r}: {value!r}"
                 )
-            name = (key.decode("latin-1") if isinstance(key, bytes) else key).lower()
             if name in raw:
                 repeats.setdefault(name, []).append(value)
             else:
