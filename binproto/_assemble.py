@@ -12,6 +12,7 @@ from ._datatypes import DTYPES
 from ._errors import LocalProtocolError, RemoteProtocolError
 from ._events import Event, HeaderParsed, TensorChunk, TensorComplete
 from ._header import InferenceHeader, TensorInfo
+from ._util import as_byte_view
 
 __all__ = ["DecodedMessage", "Destinations", "TensorAssembler", "array_from_bytes"]
 
@@ -40,6 +41,19 @@ class DecodedMessage(NamedTuple):
 
 
 _OBJECT = DTYPES["BYTES"]
+
+
+class _Building:
+    """A binary tensor begun and not complete."""
+
+    __slots__ = ("array", "received", "target")
+
+    def __init__(self, target: memoryview, array: np.ndarray[Any, Any]) -> None:
+        self.target = target  # the bytes chunks are copied into
+        # The array they make: the destination, or over memory the assembler
+        # allocated (for BYTES, the framed bytes themselves: split when complete).
+        self.array = array
+        self.received = 0  # bytes of it so far: the next chunk's offset
 
 
 def array_from_bytes(info: TensorInfo, buf: Any, offset: int = 0) -> np.ndarray[Any, Any]:
@@ -94,10 +108,8 @@ class TensorAssembler:
         self.tensors: dict[str, np.ndarray[Any, Any]] = {}
         #: Names of tensors that live in shared memory.
         self.shared_memory: list[str] = []
-        # Tensors begun and not complete: index -> (the bytes chunks are copied
-        # into, the array they make: the destination, or over memory the
-        # assembler allocated, which for BYTES is the framed bytes themselves).
-        self._open: dict[int, tuple[memoryview, np.ndarray[Any, Any]]] = {}
+        # Tensors begun and not complete, by index.
+        self._open: dict[int, _Building] = {}
         self._bases: dict[int, int] = {}  # address of an open target's first byte
         #: Tensor bytes copied from chunks into tensor memory.
         self.bytes_copied = 0
@@ -111,10 +123,20 @@ class TensorAssembler:
     def feed(self, event: Event) -> None:
         """Take one event from the parser."""
         if type(event) is TensorChunk:
-            index, _, offset, data = event
+            index, name, offset, data = event
             tensor = self._open.get(index)
-            target = tensor[0] if tensor is not None else self._allocate(index)[0]
+            if tensor is None:
+                tensor = self._allocate(index)
+            target = tensor.target
             n = len(data)
+            if offset != tensor.received or offset + n > len(target):
+                # A parser's chunks follow each other: these are not its.
+                raise LocalProtocolError(
+                    f"TensorChunk of '{name}' at offset {offset} (+{n} bytes) does not"
+                    f" follow the {tensor.received} bytes received of its {len(target)}:"
+                    " events out of order, or from another message"
+                )
+            tensor.received = offset + n
             # A writable chunk may be the target itself, filled by the caller's
             # recv_into (see target()); then there is nothing to copy. Only a
             # view of the target's own array can be: the identity test keeps
@@ -146,12 +168,19 @@ class TensorAssembler:
         from any other object is copied.
         """
         tensor = self._open.get(index)
-        return (tensor if tensor is not None else self._allocate(index))[0]
+        return (tensor if tensor is not None else self._allocate(index)).target
 
-    def _allocate(self, index: int) -> tuple[memoryview, np.ndarray[Any, Any]]:
-        if self.header is None:
+    def _allocate(self, index: int) -> _Building:
+        header = self.header
+        if header is None:
             raise LocalProtocolError("TensorAssembler got a TensorChunk before HeaderParsed")
-        info = self.header.tensors[index]
+        if type(index) is not int or not 0 <= index < len(header.tensors):
+            raise LocalProtocolError(f"no tensor {index!r} in the header")
+        info = header.tensors[index]
+        if info.binary_size is None:
+            raise LocalProtocolError(f"tensor '{info.name}' has no binary data")
+        if info.name in self.tensors:
+            raise LocalProtocolError(f"tensor '{info.name}' is complete already")
         array = self._destination(info) if self._destinations is not None else None
         if array is None:
             size = info.binary_size or 0
@@ -167,9 +196,9 @@ class TensorAssembler:
                 ) from None
             # Its array over it now; BYTES stays bytes until complete (then split).
             array = buffer if info.datatype == "BYTES" else array_from_bytes(info, buffer)
-            tensor = (buffer.data, array)
+            tensor = _Building(buffer.data, array)
         else:
-            tensor = (array.reshape(-1).view(np.uint8).data, array)
+            tensor = _Building(as_byte_view(array), array)
         self._open[index] = tensor
         return tensor
 
@@ -178,7 +207,7 @@ class TensorAssembler:
         once, when a chunk may be the target itself)."""
         base = self._bases.get(index)
         if base is None:
-            base = self._bases[index] = _address(self._open[index][0])
+            base = self._bases[index] = _address(self._open[index].target)
         return base
 
     def _destination(self, info: TensorInfo) -> np.ndarray[Any, Any] | None:
@@ -188,8 +217,10 @@ class TensorAssembler:
         array = dest.get(info.name) if isinstance(dest, Mapping) else dest(info)
         if array is None:
             return None
-        if not isinstance(array, np.ndarray):
-            raise LocalProtocolError(f"destination for '{info.name}' is not a numpy array")
+        if not isinstance(array, np.ndarray) or array.dtype.hasobject:
+            raise LocalProtocolError(
+                f"destination for '{info.name}' is not a numpy array of plain values"
+            )
         if not (array.flags.c_contiguous and array.flags.writeable):
             raise LocalProtocolError(
                 f"destination for '{info.name}' must be writable and C-contiguous"
@@ -222,10 +253,20 @@ class TensorAssembler:
                 self.tensors[info.name] = info.array
             return
         index = info.index
-        if index not in self._open:
-            self._allocate(index)  # zero-size tensors have no chunks
-        _, array = self._open.pop(index)
+        header = self.header
+        if header is None or not index < len(header.tensors) or header.tensors[index] is not info:
+            raise LocalProtocolError(f"TensorComplete of '{info.name}' is not of this message")
+        tensor = self._open.get(index)
+        if tensor is None:
+            tensor = self._allocate(index)  # (a zero-size tensor has no chunks)
+        if tensor.received != info.binary_size:
+            raise LocalProtocolError(
+                f"TensorComplete of '{info.name}' after {tensor.received} of its"
+                f" {info.binary_size} bytes"
+            )
+        del self._open[index]
         self._bases.pop(index, None)
+        array = tensor.array
         if info.datatype == "BYTES":  # the framed bytes, split into elements now
             array = array_from_bytes(info, array)
         self.tensors[info.name] = array

@@ -223,3 +223,73 @@ def test_a_destination_array_receives_in_place_too() -> None:
     _drain(p, asm)
     assert asm.tensors["x"] is dest and asm.bytes_in_place == x.nbytes
     np.testing.assert_array_equal(dest, x)
+
+
+def _events() -> list[binproto.Event]:
+    body, hl, _ = _body()
+    p = Parser("response", header_length=hl)
+    p.receive_data(body[: hl + 50])  # the first tensor in two chunks
+    events = list(p.events())
+    p.receive_data(body[hl + 50 :])
+    p.receive_data(b"")
+    return events + list(p.events())
+
+
+def _misfed(events: list[binproto.Event]) -> None:
+    asm = TensorAssembler()
+    for event in events:
+        asm.feed(event)
+
+
+@pytest.mark.parametrize(
+    "misfeed",
+    [
+        # A tensor complete without its bytes, or part of them: no
+        # uninitialized memory handed out as a tensor.
+        lambda evs: [e for e in evs if type(e) is not binproto.TensorChunk],
+        lambda evs: [e for i, e in enumerate(evs) if i != 1],
+        # Chunks out of order; a tensor completed twice.
+        lambda evs: [evs[0], evs[2], evs[1], *evs[3:]],
+        lambda evs: [*evs, evs[-2]],
+        # A TensorComplete of another message's header.
+        lambda evs: [*evs[:-1], _other_complete(), evs[-1]],
+    ],
+    ids=["no chunks", "a chunk missing", "out of order", "complete twice", "another message"],
+)
+def test_events_no_parser_sends_are_refused(misfeed: Any) -> None:
+    events = _events()
+    assert [type(e).__name__ for e in events[:4]] == [
+        "HeaderParsed",
+        "TensorChunk",
+        "TensorChunk",
+        "TensorComplete",
+    ]
+    _misfed(events)  # as the parser sent them: fine
+    with pytest.raises(LocalProtocolError):
+        _misfed(misfeed(events))
+
+
+def _other_complete() -> binproto.TensorComplete:
+    (complete,) = [e for e in _events() if type(e) is binproto.TensorComplete][:1]
+    return complete
+
+
+@pytest.mark.parametrize("index", [-1, 5, 1], ids=["negative", "past the end", "JSON data"])
+def test_target_of_a_tensor_without_binary_bytes_is_refused(index: int) -> None:
+    body, hl, _ = _body()
+    p = Parser("response", header_length=hl)
+    p.receive_data(body)
+    asm = TensorAssembler()
+    asm.feed(p.next_event())  # HeaderParsed
+    with pytest.raises(LocalProtocolError):
+        asm.target(index)
+
+
+def test_a_destination_of_objects_is_refused() -> None:
+    body, hl, _ = _body()
+    p = Parser("response", header_length=hl)
+    p.receive_data(body)
+    asm = TensorAssembler({"f": np.empty(3, dtype=[("p", object)])})
+    with pytest.raises(LocalProtocolError, match="plain values"):
+        for event in p.events():
+            asm.feed(event)
