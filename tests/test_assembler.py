@@ -280,7 +280,9 @@ def test_target_of_a_tensor_without_binary_bytes_is_refused(index: int) -> None:
     p = Parser("response", header_length=hl)
     p.receive_data(body)
     asm = TensorAssembler()
-    asm.feed(p.next_event())  # HeaderParsed
+    header = p.next_event()
+    assert type(header) is binproto.HeaderParsed
+    asm.feed(header)
     with pytest.raises(LocalProtocolError):
         asm.target(index)
 
