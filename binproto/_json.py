@@ -370,7 +370,7 @@ def json_data_to_array(
         if not kinds <= {bool}:
             raise _bad_value(name, dt.name)
         return np.array(flat, dtype=np.bool_).reshape(shape)
-    if dtype.kind in "iu":
+    if dtype.kind in "iu" and dt.name != "BF16":  # (BF16's raw-bit uint16: numbers)
         if not kinds <= {int}:
             raise _bad_value(name, dt.name)
         if flat:
@@ -385,5 +385,19 @@ def json_data_to_array(
         values = np.array(flat, dtype=np.float64)
     except OverflowError:  # an integer beyond float64
         raise _bad_value(name, dt.name) from None
+    if dt.name == "BF16":
+        return _bf16_bits(values).view(dtype).reshape(shape)
     with np.errstate(over="ignore"):
         return values.astype(dtype).reshape(shape)
+
+
+def _bf16_bits(values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """The BF16 bit patterns of float64 ``values``: rounded to FP32, then to
+    BF16's upper 16 bits, to nearest even (as ml_dtypes rounds them), NaN a
+    quiet NaN of the same sign. The same bits whether or not ml_dtypes is
+    installed (without it, BF16 arrays hold the raw bits as uint16)."""
+    with np.errstate(over="ignore"):
+        bits = values.astype(np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    rounded = np.where(np.isnan(values), (bits >> 16) | 0x40, rounded)
+    return rounded.astype("<u2")

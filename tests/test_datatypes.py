@@ -79,3 +79,23 @@ def test_the_public_names() -> None:
     assert binproto.DATATYPES is DATATYPES
     assert binproto.datatype_of is datatype_of
     assert binproto.datatype_for_dtype is datatype_for_dtype
+
+
+_RAW_BF16 = binproto.DataType("BF16", 2, np.dtype("<u2"))  # BF16 without ml_dtypes
+
+
+@pytest.mark.parametrize("dt", [DATATYPES["BF16"], _RAW_BF16], ids=["installed", "raw bits"])
+def test_bf16_json_data_is_rounded_to_the_same_bits_either_way(dt: Any) -> None:
+    from binproto._json import json_data_to_array
+
+    values = [2, 1.5, -0.0, 1 + 2**-8, 1 + 3 * 2**-8, 3.4e38, float("inf"), float("nan")]
+    out = json_data_to_array(values, dt, (len(values),), "input 'x'", len(values))
+    bits = out.view("<u2").tolist()
+    # 2.0, 1.5, -0.0; ties to even (1 + 2**-8 down, 1 + 3 * 2**-8 up); past
+    # BF16's largest: infinity; NaN a quiet NaN.
+    assert bits == [0x4000, 0x3FC0, 0x8000, 0x3F80, 0x3F82, 0x7F80, 0x7F80, 0x7FC0]
+    if HAVE_ML_DTYPES and dt is DATATYPES["BF16"]:
+        rng = np.random.default_rng(7)
+        wide = rng.standard_normal(1000) * 10.0 ** rng.integers(-40, 38, 1000)
+        ours = json_data_to_array(wide.tolist(), dt, (1000,), "input 'x'", 1000)
+        assert ours.view("<u2").tolist() == wide.astype(BF16_DTYPE).view("<u2").tolist()
