@@ -279,7 +279,13 @@ def _prepare(name: Any, value: Any, datatype: str | None, params: Any, role: str
         # INT64, FP64, BYTES), as a numpy scalar would be.
         if isinstance(value, int) and not -(2**63) <= value < 2**63:
             raise _fail(f"{label}: {value!r} does not fit in INT64")
-        value = np.asarray(value)
+        if isinstance(value, (str, bytes)):
+            # (np.asarray would make it a fixed-width string: trailing NULs lost)
+            scalar = np.empty((), dtype=object)
+            scalar[()] = value
+            value = scalar
+        else:
+            value = np.asarray(value)
     if isinstance(value, (np.ndarray, np.generic)):
         arr = value if type(value) is np.ndarray else np.asarray(value)
         natural = datatype_for_dtype(arr.dtype)

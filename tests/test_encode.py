@@ -699,8 +699,12 @@ def test_join_bytes_matches_tritonclient(length: int) -> None:
         (True, "BOOL", np.True_),
         ("hé", "BYTES", "hé".encode()),
         (b"\xff", "BYTES", b"\xff"),
+        # Trailing NULs are bytes like any other (a numpy bytes_ scalar drops them).
+        (b"ab\x00", "BYTES", b"ab\x00"),
+        ("a\x00", "BYTES", b"a\x00"),
+        (b"\x00", "BYTES", b"\x00"),
     ],
-    ids=["float", "int", "bool", "str", "bytes"],
+    ids=["float", "int", "bool", "str", "bytes", "bytes NUL", "str NUL", "NUL"],
 )
 def test_python_scalars_are_0d_tensors(value: Any, datatype: str, expected: Any) -> None:
     request = binproto.encode_request({"x": value})
