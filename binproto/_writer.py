@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import operator
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -111,6 +112,8 @@ class BodyWriter:
         check_parameters(self.header.parameters, f"the {kind}")
         for t in self.header.tensors:
             check_parameters(t.parameters, f"'{t.name}'")
+        for out in self.header.requested_outputs or ():
+            check_parameters(out.parameters, f"requested output '{out.name}'")
         self._raw = raw
         binary = self.header.binary_size
         has_binary = any(t.binary_size is not None for t in self.header.tensors)
@@ -174,9 +177,13 @@ class BodyWriter:
                 if t.name == tensor:
                     return t.index
             raise self._misuse(f"no {self._role} named '{tensor}' in the header")
-        if type(tensor) is not int or not 0 <= tensor < len(tensors):
+        try:
+            index = -1 if isinstance(tensor, bool) else operator.index(tensor)
+        except TypeError:
+            index = -1
+        if not 0 <= index < len(tensors):
             raise self._misuse(f"no {self._role} with index {tensor!r} in the header")
-        return tensor
+        return index
 
     # -- the API ----------------------------------------------------------------
 
@@ -193,8 +200,10 @@ class BodyWriter:
         """Check ``data`` as the next bytes of binary tensor ``tensor`` and
         return it unchanged (write it to the peer).
 
-        ``tensor`` is the tensor's index in the header or its name. An empty
-        ``data`` is always accepted while the body is open.
+        ``tensor`` is the tensor's index in the header or its name. ``data``
+        is sent as its bytes (an array of another dtype than the tensor's
+        included); a big-endian one is refused. An empty ``data`` for a
+        binary tensor is always accepted while the body is open.
         """
         self._check_open("send")
         index = self._resolve(tensor)
@@ -205,6 +214,11 @@ class BodyWriter:
             raise self._misuse(
                 f"data for {self._label(index)} must be raw little-endian bytes, got an"
                 f" array of dtype {data.dtype}"
+            )
+        if isinstance(data, memoryview) and data.format[:1] in (">", "!"):  # a big-endian array's
+            raise self._misuse(
+                f"data for {self._label(index)} must be raw little-endian bytes, got a"
+                f" view of format {data.format!r}"
             )
         try:
             view = as_byte_view(data)

@@ -470,3 +470,32 @@ def test_header_from_the_encoder_applies_the_request_policy() -> None:
     msg = binproto.decode_response(body, header_length=w.header_length)
     assert np.array_equal(msg.tensors["big"], produced)
     assert msg.tensors["small"].tolist() == [0, 0]
+
+
+def test_a_requested_outputs_parameters_are_as_strict_as_the_encoders() -> None:
+    header = header_dict("request")
+    header["outputs"] = [{"name": "o", "parameters": {"p": float("nan")}}]
+    with pytest.raises(LocalProtocolError, match="requested output 'o'"):
+        BodyWriter(header)
+    header["outputs"] = [{"name": "o", "parameters": {"p": {"nested": 1}}}]
+    with pytest.raises(LocalProtocolError, match="requested output 'o'"):
+        BodyWriter(header)
+
+
+def test_a_view_of_a_big_endian_array_is_refused_as_the_array_is() -> None:
+    w = BodyWriter(encoded())
+    w.start()
+    big = np.arange(6, dtype=">f4").reshape(2, 3)
+    with pytest.raises(LocalProtocolError, match="little-endian"):
+        w.send("a", big.data)
+
+
+def test_a_tensor_index_of_any_integer_type_is_taken() -> None:
+    w = BodyWriter(encoded())
+    w.start()
+    index = np.int64(0)  # the index of "a" in the header
+    assert w.send(index, ARRAYS["a"]) is ARRAYS["a"]  # type: ignore[arg-type]
+    other = BodyWriter(encoded())
+    other.start()
+    with pytest.raises(LocalProtocolError, match="with index True"):
+        other.send(True, b"")
