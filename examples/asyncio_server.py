@@ -1,9 +1,10 @@
 """A V2 inference server on asyncio with two custom models.
 
 * ``scale`` multiplies every numeric input by the request parameter
-  ``factor`` (default 2) and returns it under the same name. It takes its
-  inputs as numpy arrays (``await request.tensors()``), which binproto
-  receives straight into the arrays' memory.
+  ``factor`` (default 2; one the input's datatype cannot hold is a 400) and
+  returns it under the same name. It takes its inputs as numpy arrays
+  (``await request.tensors()``), which binproto receives straight into the
+  arrays' memory.
 * ``crc32`` never holds a tensor: it reads the request body event by event as
   it arrives and returns, per binary input ``x``, a UINT32 output
   ``x_crc32`` with the CRC-32 of its bytes. Its memory stays O(chunk) however
@@ -37,7 +38,8 @@ from binproto.adapters.asyncio import InferenceError, InferRequest, Model, V2Ser
 
 
 async def scale(request: InferRequest) -> Mapping[str, Any]:
-    """The ``scale`` model: each numeric input times the ``factor`` parameter."""
+    """The ``scale`` model: each numeric input times the ``factor`` parameter,
+    in the input's datatype (a factor it cannot hold is a 400)."""
     factor = request.header.parameters.get("factor", 2)
     if isinstance(factor, bool) or not isinstance(factor, (int, float)):
         raise InferenceError(f"parameter 'factor' must be a number, got {factor!r}")
@@ -46,6 +48,11 @@ async def scale(request: InferRequest) -> Mapping[str, Any]:
     for name, array in tensors.items():
         if array.dtype.kind not in "iuf":
             raise InferenceError(f"input '{name}' is {array.dtype}: scale takes numbers")
+        if array.dtype.kind in "iu" and not (
+            isinstance(factor, int) and np.can_cast(np.min_scalar_type(factor), array.dtype)
+        ):
+            # (1.5 would be cast to 1, -2 wrap around a UINT8)
+            raise InferenceError(f"factor {factor!r} is no {array.dtype} value (input '{name}')")
         outputs[name] = array * np.asarray(factor, dtype=array.dtype)
     return outputs
 

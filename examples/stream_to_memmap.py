@@ -52,6 +52,15 @@ from binproto.adapters.h11 import (
 READ_SIZE = 1 << 20
 
 
+def npy_path(out: Path, name: str) -> Path:
+    """``OUT/<name>.npy``. The peer chose the name: one that is not a plain
+    file name (``../x``, ``/etc/x``, ``a/b``) is its fault, never a path
+    outside ``out``."""
+    if name in ("", ".", "..") or Path(name).name != name or "\0" in name or "\\" in name:
+        raise binproto.RemoteProtocolError(f"tensor name {name!r} cannot name a file here")
+    return out / f"{name}.npy"
+
+
 def memmap_destinations(out: Path) -> Any:
     """A TensorAssembler destination callable: one ``OUT/<name>.npy`` per tensor."""
     out.mkdir(parents=True, exist_ok=True)
@@ -60,7 +69,7 @@ def memmap_destinations(out: Path) -> Any:
         if not info.binary_size:
             return None  # nothing to map: the assembler makes the empty array
         dtype = np.dtype("<u2") if info.datatype == "BF16" else info.dtype
-        path = out / f"{info.name}.npy"
+        path = npy_path(out, info.name)
         # numpy 1 types open_memmap loosely: the annotation keeps the result typed.
         mapped: np.ndarray[Any, Any] = np.lib.format.open_memmap(  # type: ignore[no-untyped-call,unused-ignore]
             path, mode="w+", dtype=dtype, shape=info.shape
@@ -70,16 +79,17 @@ def memmap_destinations(out: Path) -> Any:
     return destination
 
 
-def save_rest(assembler: binproto.TensorAssembler, out: Path) -> list[Path]:
-    """Flush the memory maps; save tensors that had none (BYTES, JSON data)."""
-    paths = []
+def save_rest(assembler: binproto.TensorAssembler, out: Path) -> dict[str, Path]:
+    """Flush the memory maps; save tensors that had none (BYTES, JSON data).
+    Returns each tensor's file by name."""
+    paths = {}
     for name, array in assembler.tensors.items():
-        path = out / f"{name}.npy"
+        path = npy_path(out, name)
         if isinstance(array, np.memmap):
             array.flush()
         else:
             np.save(path, array, allow_pickle=array.dtype == object)
-        paths.append(path)
+        paths[name] = path
     return paths
 
 
@@ -159,8 +169,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     else:
         x = np.arange(args.elements, dtype=np.float32)
         assembler = from_server(args.host, args.port, x, args.out)
-    for path in save_rest(assembler, args.out):
-        pickled = assembler.tensors[path.stem].dtype == object
+    for name, path in save_rest(assembler, args.out).items():
+        pickled = assembler.tensors[name].dtype == object
         array = np.load(path, mmap_mode=None if pickled else "r", allow_pickle=pickled)
         print(f"{path}: {array.dtype} {list(array.shape)}")
     print(

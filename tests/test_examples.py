@@ -98,6 +98,11 @@ def test_asyncio_server_models() -> None:
             with pytest.raises(HTTPError) as exc:
                 await client.infer("scale", {"w": [b"text"]})
             assert exc.value.status == 400 and "scale takes numbers" in exc.value.message
+            # A factor the input's datatype cannot hold is refused, not cast or wrapped.
+            for factor, data in ((1.5, ints), (-2, ints.astype(np.uint8)), (2**40, ints)):
+                with pytest.raises(HTTPError) as exc:
+                    await client.infer("scale", {"i": data}, parameters={"factor": factor})
+                assert exc.value.status == 400 and "is no" in exc.value.message
         return crcs, scaled
 
     crcs, scaled = asyncio.run(calls())
@@ -186,6 +191,20 @@ def test_stream_to_memmap_from_a_saved_body(tmp_path: Path) -> None:
     assert np.load(out / "s.npy", allow_pickle=True).tolist() == arrays["s"].tolist()
     stored_bits = np.load(out / "h.npy")
     assert stored_bits.dtype == np.dtype("<u2") and stored_bits.tolist() == bits.tolist()
+
+
+@pytest.mark.parametrize("name", ["../escaped", "/tmp/abs", "sub/x", "..", "a\x00b"])
+def test_stream_to_memmap_writes_no_file_a_peers_tensor_name_points_elsewhere(
+    tmp_path: Path, name: str
+) -> None:
+    example = load("stream_to_memmap")
+    body = binproto.encode_response({name: np.ones(4, np.float32)}, model_name="m")
+    (tmp_path / "resp.bin").write_bytes(bytes(body))
+    out = tmp_path / "box" / "out"
+    with pytest.raises(binproto.RemoteProtocolError, match="cannot name a file"):
+        example.from_body(tmp_path / "resp.bin", body.header_length, out)
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert written == [tmp_path / "resp.bin"]
 
 
 def test_stream_to_memmap_reports_a_truncated_body(tmp_path: Path) -> None:
