@@ -25,7 +25,8 @@ was chunked.
 - TENSORS: the :class:`~binproto._readers.TensorReader` slices each tensor's
   bytes off the queue (never across two tensors), checks them (BOOL values,
   BYTES framing) and emits them, then each tensor's completion.
-- END: :func:`~binproto._readers.read_end` waits for the end of the body.
+- END: :func:`~binproto._readers.read_end` waits for the end of the body
+  (entered only when it has not come with the last tensor).
 
 Claims are checked before the bytes they describe are waited for: the header
 length against the limits and ``content_length``; each ``binary_data_size``
