@@ -12,7 +12,7 @@ from ._datatypes import DTYPES
 from ._errors import LocalProtocolError, RemoteProtocolError
 from ._events import Event, HeaderParsed, TensorChunk, TensorComplete
 from ._header import InferenceHeader, TensorInfo
-from ._util import as_byte_view
+from ._util import as_byte_view, index_below
 
 __all__ = ["DecodedMessage", "Destinations", "TensorAssembler", "array_from_bytes"]
 
@@ -85,7 +85,8 @@ class TensorAssembler:
             :class:`TensorInfo` and returns an array or None (None: let the
             assembler allocate). A destination must be writable, C-contiguous,
             and exactly ``binary_size`` bytes; its dtype is the caller's
-            choice. BYTES tensors always use the assembler's own memory.
+            choice (one of plain values: no Python objects). BYTES tensors
+            always use the assembler's own memory.
 
     After :class:`TensorComplete`, ``tensors[name]`` holds the tensor: the
     destination array itself when one was given, else a new array of the
@@ -129,12 +130,17 @@ class TensorAssembler:
                 tensor = self._allocate(index)
             target = tensor.target
             n = len(data)
-            if offset != tensor.received or offset + n > len(target):
+            if offset != tensor.received:
                 # A parser's chunks follow each other: these are not its.
                 raise LocalProtocolError(
-                    f"TensorChunk of '{name}' at offset {offset} (+{n} bytes) does not"
-                    f" follow the {tensor.received} bytes received of its {len(target)}:"
-                    " events out of order, or from another message"
+                    f"TensorChunk of '{name}' at offset {offset} does not follow the"
+                    f" {tensor.received} bytes received: events out of order, or from"
+                    " another message"
+                )
+            if offset + n > len(target):
+                raise LocalProtocolError(
+                    f"TensorChunk of '{name}' at offset {offset} runs past its"
+                    f" {len(target)} bytes: an event of another message"
                 )
             tensor.received = offset + n
             # A writable chunk may be the target itself, filled by the caller's
@@ -152,6 +158,8 @@ class TensorAssembler:
             target[offset : offset + n] = data
             self.bytes_copied += n
         elif type(event) is HeaderParsed:
+            if self.header is not None:
+                raise LocalProtocolError("a TensorAssembler assembles one message: a second header")
             self.header = event.header
         elif type(event) is TensorComplete:
             self._complete(event.info)
@@ -173,10 +181,11 @@ class TensorAssembler:
     def _allocate(self, index: int) -> _Building:
         header = self.header
         if header is None:
-            raise LocalProtocolError("TensorAssembler got a TensorChunk before HeaderParsed")
-        if type(index) is not int or not 0 <= index < len(header.tensors):
+            raise LocalProtocolError("a tensor's bytes before HeaderParsed")
+        position = index_below(index, len(header.tensors))
+        if position is None:
             raise LocalProtocolError(f"no tensor {index!r} in the header")
-        info = header.tensors[index]
+        info = header.tensors[position]
         if info.binary_size is None:
             raise LocalProtocolError(f"tensor '{info.name}' has no binary data")
         if info.name in self.tensors:
@@ -199,7 +208,7 @@ class TensorAssembler:
             tensor = _Building(buffer.data, array)
         else:
             tensor = _Building(as_byte_view(array), array)
-        self._open[index] = tensor
+        self._open[position] = tensor
         return tensor
 
     def _base(self, index: int) -> int:
@@ -246,16 +255,18 @@ class TensorAssembler:
         )
 
     def _complete(self, info: TensorInfo) -> None:
+        index = info.index
+        header = self.header
+        if header is None or not index < len(header.tensors) or header.tensors[index] is not info:
+            raise LocalProtocolError(f"TensorComplete of '{info.name}' is not of this message")
+        if info.name in self.tensors or info.name in self.shared_memory:
+            raise LocalProtocolError(f"tensor '{info.name}' is complete already")
         if info.binary_size is None:
             if info.shared_memory:
                 self.shared_memory.append(info.name)
             elif info.array is not None:
                 self.tensors[info.name] = info.array
             return
-        index = info.index
-        header = self.header
-        if header is None or not index < len(header.tensors) or header.tensors[index] is not info:
-            raise LocalProtocolError(f"TensorComplete of '{info.name}' is not of this message")
         tensor = self._open.get(index)
         if tensor is None:
             tensor = self._allocate(index)  # (a zero-size tensor has no chunks)

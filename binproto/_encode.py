@@ -73,7 +73,8 @@ class Tensor:
     overrides the datatype the data implies:
 
     * ``"BF16"`` accepts ``ml_dtypes.bfloat16`` arrays and 2-byte integer
-      arrays holding the raw bfloat16 bits (sent as they are, no copy);
+      arrays holding the raw bfloat16 bits (sent as they are, no copy), and
+      lists of numbers (rounded to FP32, then to BF16, to nearest even);
     * any other datatype accepts arrays whose dtype numpy casts to it safely
       (e.g. ``int32`` data as ``"INT64"``: one copy), and lists whose values
       fit it.
@@ -280,6 +281,8 @@ def _prepare(name: Any, value: Any, datatype: str | None, params: Any, role: str
         if isinstance(value, int) and not -(2**63) <= value < 2**63:
             raise _fail(f"{label}: {value!r} does not fit in INT64")
         if isinstance(value, (str, bytes)):
+            if datatype in DATATYPES and datatype != "BYTES":
+                raise _fail(f"{label}: cannot send a {type(value).__name__} as {datatype}")
             # (np.asarray would make it a fixed-width string: trailing NULs lost)
             scalar = np.empty((), dtype=object)
             scalar[()] = value

@@ -396,8 +396,8 @@ def _bf16_bits(values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     BF16's upper 16 bits, to nearest even (as ml_dtypes rounds them), NaN a
     quiet NaN of the same sign. The same bits whether or not ml_dtypes is
     installed (without it, BF16 arrays hold the raw bits as uint16)."""
-    with np.errstate(over="ignore"):
-        bits = values.astype(np.float32).view(np.uint32).astype(np.uint64)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    rounded = np.where(np.isnan(values), (bits >> 16) | 0x40, rounded)
+    with np.errstate(over="ignore", invalid="ignore"):
+        bits = values.astype(np.float32).view(np.uint32)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16  # (-inf's the largest: no overflow)
+    rounded = np.where(np.isnan(values), ((bits >> 16) & 0x8000) | 0x7FC0, rounded)
     return rounded.astype("<u2")

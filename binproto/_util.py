@@ -86,6 +86,23 @@ def whole_number(value: Any, what: str, *, least: int = 0) -> int:
     return number
 
 
+def index_below(value: Any, count: int) -> int | None:
+    """``value`` as an index below ``count`` (any integer type, not a bool),
+    or None when it is no such index."""
+    try:
+        index = whole_number(value, "an index")
+    except LocalProtocolError:
+        return None
+    return index if index < count else None
+
+
+def big_endian(view: memoryview) -> bool:
+    """True when a buffer's format has big-endian values (``>`` or ``!``,
+    field names aside): bytes a peer would read in the wrong order."""
+    fmt = _FIELD_NAME.sub("", view.format)
+    return ">" in fmt or "!" in fmt
+
+
 def aligned_arrays(tensors: dict[str, Any]) -> dict[str, Any]:
     """``tensors`` with each array that is not aligned for its dtype (a
     tensor after one of an odd size, in a body decoded whole) replaced by an

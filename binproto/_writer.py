@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import enum
-import operator
 from collections.abc import Mapping
 from typing import Any, TypeVar
-
-import numpy as np
 
 from ._bytes import BytesFramer
 from ._encode import EncodedBody, check_parameters, dumps_header
@@ -17,7 +14,7 @@ from ._http import message_headers
 from ._json import loads_header
 from ._limits import Limits
 from ._readers import check_header
-from ._util import as_byte_view, check_bool
+from ._util import as_byte_view, big_endian, check_bool, index_below
 
 __all__ = ["BodyWriter", "response_start"]
 
@@ -177,11 +174,8 @@ class BodyWriter:
                 if t.name == tensor:
                     return t.index
             raise self._misuse(f"no {self._role} named '{tensor}' in the header")
-        try:
-            index = -1 if isinstance(tensor, bool) else operator.index(tensor)
-        except TypeError:
-            index = -1
-        if not 0 <= index < len(tensors):
+        index = index_below(tensor, len(tensors))
+        if index is None:
             raise self._misuse(f"no {self._role} with index {tensor!r} in the header")
         return index
 
@@ -210,15 +204,15 @@ class BodyWriter:
         info = self.header.tensors[index]
         if info.binary_size is None:
             raise self._misuse(f"{self._label(index)} is not sent binary (no binary_data_size)")
-        if isinstance(data, np.ndarray) and (data.dtype.hasobject or data.dtype.byteorder == ">"):
+        buffer: Any = data
+        try:
+            exported = memoryview(buffer)
+        except (TypeError, ValueError):  # (as_byte_view below says why, or takes it)
+            exported = None
+        if exported is not None and big_endian(exported):
             raise self._misuse(
-                f"data for {self._label(index)} must be raw little-endian bytes, got an"
-                f" array of dtype {data.dtype}"
-            )
-        if isinstance(data, memoryview) and data.format[:1] in (">", "!"):  # a big-endian array's
-            raise self._misuse(
-                f"data for {self._label(index)} must be raw little-endian bytes, got a"
-                f" view of format {data.format!r}"
+                f"data for {self._label(index)} must be raw little-endian bytes, got"
+                f" values of format {exported.format!r}"
             )
         try:
             view = as_byte_view(data)

@@ -43,15 +43,19 @@ async def scale(request: InferRequest) -> Mapping[str, Any]:
     factor = request.header.parameters.get("factor", 2)
     if isinstance(factor, bool) or not isinstance(factor, (int, float)):
         raise InferenceError(f"parameter 'factor' must be a number, got {factor!r}")
+    if isinstance(factor, float) and factor.is_integer():
+        factor = int(factor)  # 2.0 scales integers too
     tensors = await request.tensors()
     outputs: dict[str, Any] = {}
     for name, array in tensors.items():
         if array.dtype.kind not in "iuf":
             raise InferenceError(f"input '{name}' is {array.dtype}: scale takes numbers")
-        if array.dtype.kind in "iu" and not (
-            isinstance(factor, int) and np.can_cast(np.min_scalar_type(factor), array.dtype)
-        ):
-            # (1.5 would be cast to 1, -2 wrap around a UINT8)
+        if array.dtype.kind in "iu":  # (1.5 would be cast to 1, -2 wrap around a UINT8)
+            limits = np.iinfo(array.dtype)
+            fits = isinstance(factor, int) and limits.min <= factor <= limits.max
+        else:  # (1e6 would be inf as FP16)
+            fits = abs(factor) <= np.finfo(array.dtype).max
+        if not fits:
             raise InferenceError(f"factor {factor!r} is no {array.dtype} value (input '{name}')")
         outputs[name] = array * np.asarray(factor, dtype=array.dtype)
     return outputs

@@ -253,8 +253,19 @@ def _misfed(events: list[binproto.Event]) -> None:
         lambda evs: [*evs, evs[-2]],
         # A TensorComplete of another message's header.
         lambda evs: [*evs[:-1], _other_complete(), evs[-1]],
+        # The JSON-data tensor's completion twice, or another message's.
+        lambda evs: [*evs[:5], evs[4], *evs[5:]],
+        lambda evs: [*evs[:-1], _other_complete(1), evs[-1]],
     ],
-    ids=["no chunks", "a chunk missing", "out of order", "complete twice", "another message"],
+    ids=[
+        "no chunks",
+        "a chunk missing",
+        "out of order",
+        "complete twice",
+        "another message",
+        "JSON data twice",
+        "JSON data of another message",
+    ],
 )
 def test_events_no_parser_sends_are_refused(misfeed: Any) -> None:
     events = _events()
@@ -269,9 +280,9 @@ def test_events_no_parser_sends_are_refused(misfeed: Any) -> None:
         _misfed(misfeed(events))
 
 
-def _other_complete() -> binproto.TensorComplete:
-    (complete,) = [e for e in _events() if type(e) is binproto.TensorComplete][:1]
-    return complete
+def _other_complete(which: int = 0) -> binproto.TensorComplete:
+    completes = [e for e in _events() if type(e) is binproto.TensorComplete]
+    return completes[which]
 
 
 @pytest.mark.parametrize("index", [-1, 5, 1], ids=["negative", "past the end", "JSON data"])
@@ -295,3 +306,39 @@ def test_a_destination_of_objects_is_refused() -> None:
     with pytest.raises(LocalProtocolError, match="plain values"):
         for event in p.events():
             asm.feed(event)
+
+
+def test_a_matrix_destination_receives_its_tensor() -> None:
+    body, hl, expected = _body()
+    p = Parser("response", header_length=hl)
+    p.receive_data(body)
+    dest = np.asmatrix(np.zeros((4, 6), dtype="<f4"))  # 2-D whatever it is reshaped to
+    asm = TensorAssembler({"f": dest})
+    for event in p.events():
+        asm.feed(event)
+    assert asm.tensors["f"] is dest
+    assert np.array_equal(np.asarray(dest).reshape(2, 3, 4), expected["f"])
+
+
+def test_a_second_header_is_refused() -> None:
+    body, hl, _ = _body()
+    events = []
+    for _ in range(2):
+        p = Parser("response", header_length=hl)
+        p.receive_data(body)
+        events.append(p.next_event())
+    asm = TensorAssembler()
+    asm.feed(events[0])  # type: ignore[arg-type]
+    with pytest.raises(LocalProtocolError, match="one message"):
+        asm.feed(events[1])  # type: ignore[arg-type]
+
+
+def test_a_numpy_integer_index_is_taken() -> None:
+    body, hl, _ = _body()
+    p = Parser("response", header_length=hl)
+    p.receive_data(body)
+    asm = TensorAssembler()
+    header = p.next_event()
+    assert type(header) is binproto.HeaderParsed
+    asm.feed(header)
+    assert len(asm.target(np.int64(0))) == 24 * 4  # type: ignore[arg-type]
