@@ -39,6 +39,7 @@ Client::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
@@ -131,6 +132,22 @@ async def _within(awaitable: Awaitable[_T], timeout: float | None, waiting: str 
 _TAKE = "room to write"  # what a send waits for: the peer reading
 
 
+async def _closed_within(
+    transport: asyncio.WriteTransport, closed: Awaitable[None], timeout: float | None
+) -> None:
+    """Wait for a closing transport to be closed, at most ``timeout`` seconds,
+    then drop the connection. asyncio's ``close()`` first sends what is
+    buffered, with no deadline: a peer that stopped reading would keep the
+    connection (a file descriptor, the unsent bytes) for as long as it likes."""
+    waiting = asyncio.ensure_future(closed)  # (a timeout must not cancel the close itself)
+    try:
+        await _within(asyncio.shield(waiting), timeout, _TAKE)
+    except TimeoutError:
+        transport.abort()
+    with contextlib.suppress(OSError):  # (how the peer left is no news here)
+        await waiting
+
+
 class StreamsStream(_WorkerThreads):
     """A :class:`~binproto.adapters._server.ByteStream` over asyncio streams."""
 
@@ -159,8 +176,10 @@ class StreamsStream(_WorkerThreads):
         )
 
     async def aclose(self) -> None:
-        """Close the connection."""
-        self._writer.close()
+        """Close the connection (see :func:`_closed_within`)."""
+        writer = self._writer
+        writer.close()
+        await _closed_within(writer.transport, writer.wait_closed(), self.timeout)
 
     def is_readable(self) -> bool:
         """True when the peer has closed its side and nothing it sent is left
@@ -438,11 +457,12 @@ class BufferedStream(_WorkerThreads):
         await _write_all(transport, lambda: protocol.drain(self.timeout), buffers)
 
     async def aclose(self) -> None:
-        """Close the connection."""
+        """Close the connection (see :func:`_closed_within`)."""
         transport = self._protocol.transport
-        if transport is not None and not transport.is_closing():
-            transport.close()
-        await self._protocol.wait_closed()
+        if transport is not None:
+            if not transport.is_closing():
+                transport.close()
+            await _closed_within(transport, self._protocol.wait_closed(), self.timeout)
 
 
 class SocketStream(_ReceiveInto):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import socket
 import threading
@@ -279,6 +280,34 @@ def test_a_peer_that_stops_reading_is_closed_after_the_write_stall(backend: str)
             time.sleep(2)  # read nothing for several write timeouts
             received = len(_until_closed(sock))
     assert received < x.nbytes  # the server gave up and closed
+
+
+def _established_at(port: int) -> int:
+    """Server-side connections of ``port`` still established (Linux's socket tables)."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError), open(table) as f:
+            for line in f.read().splitlines()[1:]:
+                fields = line.split()
+                local_port = int(fields[1].rsplit(":", 1)[1], 16)
+                count += local_port == port and fields[3] == "01"  # ESTABLISHED
+    return count
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads Linux's socket table")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_peer_that_never_reads_again_is_dropped_after_the_write_stall(backend: str) -> None:
+    # Closing gracefully would wait, without end, for the peer to take what
+    # is buffered: the write timeout must end the connection all the same.
+    x = np.zeros(16 << 20, dtype=np.float32)
+    with serving(backend, Timeouts(keep_alive=5, head=5, body=5, write=0.3)) as port:
+        with _connect(port) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+            sock.sendall(_request(x))
+            deadline = time.monotonic() + 5
+            while _established_at(port) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _established_at(port) == 0  # while the peer still reads nothing
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
