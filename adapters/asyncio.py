@@ -182,10 +182,13 @@ class StreamsStream(_WorkerThreads):
         await _closed_within(writer.transport, writer.wait_closed(), self.timeout)
 
     def is_readable(self) -> bool:
-        """True when the peer has closed its side and nothing it sent is left
-        (see :class:`~binproto.adapters._server.ProbesIdle`); bytes it sent
-        unasked wait in the stream reader, which does not say so."""
-        return self._reader.at_eof() or self._writer.is_closing()
+        """True when bytes the peer sent wait in the stream reader, or it has
+        closed its side (see :class:`~binproto.adapters._server.ProbesIdle`)."""
+        # StreamReader has no public way to say it holds bytes: its buffer
+        # (a bytearray since Python 3.4) is read directly.
+        reader = self._reader
+        held = reader._buffer  # type: ignore[attr-defined]
+        return bool(held) or reader.at_eof() or self._writer.is_closing()
 
 
 class _ReceiveProtocol(asyncio.BufferedProtocol):

@@ -350,10 +350,11 @@ def test_a_kept_connection_is_used_again_whatever_its_descriptor() -> None:
     assert server.connections == 1
 
 
+@pytest.mark.parametrize("zero_copy", [True, False])
 @pytest.mark.parametrize("chunked", [False, True])
 @pytest.mark.parametrize("size", [6, 100_000])  # decoded whole, and through the parser
 def test_bytes_the_server_sent_unasked_are_not_taken_for_the_next_answer(
-    size: int, chunked: bool
+    size: int, chunked: bool, zero_copy: bool
 ) -> None:
     # A stray second response right behind the first, on a connection that
     # stays open: the next request goes on a new connection (the socket says
@@ -388,7 +389,7 @@ def test_bytes_the_server_sent_unasked_are_not_taken_for_the_next_answer(
         srv = await asyncio.start_server(serve, "127.0.0.1", 0)
         port = srv.sockets[0].getsockname()[1]
         try:
-            async with Client("127.0.0.1", port) as c:
+            async with Client("127.0.0.1", port, zero_copy=zero_copy) as c:
                 for _ in range(2):
                     out = await c.infer("m", {"x": X})
                     assert np.array_equal(out["y"], np.arange(size, dtype=np.float32))
