@@ -42,7 +42,11 @@ def as_byte_view(data: Any) -> memoryview:
         ) from None
     except ValueError as exc:
         mv = _array_bytes(data, exc)
-    if not mv.c_contiguous:
+    try:
+        contiguous = mv.c_contiguous
+    except ValueError:  # a released memoryview: no bytes to read
+        raise LocalProtocolError("cannot read a released memoryview") from None
+    if not contiguous:
         raise LocalProtocolError(_NOT_CONTIGUOUS)
     if mv.format != "B" or mv.ndim != 1:
         fmt = mv.format

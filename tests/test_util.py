@@ -45,6 +45,16 @@ def test_a_strided_buffer_is_refused() -> None:
         as_byte_view(3)
 
 
+def test_a_released_view_is_misuse_wherever_it_is_given() -> None:
+    view = memoryview(b"abcd")
+    view.release()
+    with pytest.raises(binproto.LocalProtocolError, match="released"):
+        as_byte_view(view)
+    parser = binproto.Parser("request", header_length=None)
+    with pytest.raises(binproto.LocalProtocolError, match="released"):
+        parser.receive_data(view)
+
+
 def test_check_bool_points_at_the_first_bad_byte() -> None:
     check_bool(memoryview(b"\x00\x01\x01"), "input 'b'", 10)
     with pytest.raises(binproto.RemoteProtocolError, match="invalid BOOL value 2") as err:
