@@ -232,6 +232,18 @@ def test_data_after_the_stream(how: str, known: bool) -> None:
     assert offset == len(REQUEST)
 
 
+@pytest.mark.parametrize("how", sorted(COMPRESSORS))
+def test_bytes_past_content_length_fail_alike_in_every_chunking(how: str) -> None:
+    # Whether they come with the stream's last bytes or on their own, they
+    # are past the body's end: the message an uncompressed body gets.
+    body = COMPRESSORS[how](REQUEST)
+    out = assert_same_everywhere(
+        make("request", REQUEST_HL, wire_name(how), len(body)), body + b"xx"
+    )
+    assert out.error is not None
+    assert out.error[1].startswith("unexpected additional input data after the end of the message")
+
+
 def test_stream_ending_before_content_length() -> None:
     body = gzip.compress(REQUEST)
     # Content-Length says 3 more bytes than the stream has: an error even if
