@@ -6,7 +6,8 @@ A body of the binary tensor data extension is a JSON header of
 ``header_length`` bytes followed by the binary tensors the header announces,
 back to back, in header order. The parser is a small state machine:
 
-    HEADER ──HeaderParsed──▶ TENSORS ──(last TensorComplete)──▶ END ──MessageComplete──▶ DONE
+    HEADER ──HeaderParsed──▶ TENSORS ─────────────MessageComplete──────────────▶ DONE
+       │                        └─(last tensor, end to come)─▶ END ─MessageComplete─▶ DONE
        │                        │                                │
        └────────────── any RemoteProtocolError ─────────────────┴──▶ ERROR (a sink)
 
