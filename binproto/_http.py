@@ -114,6 +114,8 @@ class HeaderFields:
                     raise RemoteProtocolError(
                         f"conflicting {name} headers: {text!r} and {_text(other).strip()!r}"
                     )
+        elif value is not text:
+            self._raw[wanted] = text  # decoded once: a server reads a kept head's fields again
         return text
 
 

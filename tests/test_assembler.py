@@ -308,6 +308,7 @@ def test_a_destination_of_objects_is_refused() -> None:
             asm.feed(event)
 
 
+@pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
 def test_a_matrix_destination_receives_its_tensor() -> None:
     body, hl, expected = _body()
     p = Parser("response", header_length=hl)
