@@ -241,7 +241,7 @@ class InferenceError(Exception):
     :class:`binproto.LocalProtocolError` (a handler raising it is answered 500).
     """
 
-    def __init__(self, message: str, status: int = 400) -> None:
+    def __init__(self, message: str, status: int = 400, *, allow: str | None = None) -> None:
         try:
             code = whole_number(status, "status")  # (an HTTPStatus, a numpy integer)
         except LocalProtocolError:
@@ -253,6 +253,8 @@ class InferenceError(Exception):
         super().__init__(message)
         self.message = message
         self.status = code
+        #: The methods of the resource, sent in ``Allow`` with a 405.
+        self.allow = allow
 
 
 @dataclass(frozen=True, slots=True)
@@ -907,10 +909,17 @@ class Model:
 
     name: str
     handler: Handler
-    versions: Sequence[str] = ("1",)
+    versions: Sequence[str] = ("1",)  # (a str is one version, not its characters)
     inputs: Sequence[Mapping[str, Any]] = ()
     outputs: Sequence[Mapping[str, Any]] = ()
     platform: str = "binproto"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.versions, str):
+            raise LocalProtocolError(
+                f"Model versions are a sequence of strings, got the string {self.versions!r}"
+            )
+        self.versions = tuple(self.versions)
 
     def metadata(self) -> dict[str, Any]:
         """The model metadata object (``GET /v2/models/{name}``)."""
@@ -967,6 +976,10 @@ class Route:
     model: str | None = None
     version: str | None = None
     method: str = "GET"  #: the method the route accepts
+
+
+#: The ``Allow`` header of a route's 405, by the method the route accepts.
+_ALLOWED = {"GET": "GET, HEAD", "POST": "POST"}
 
 
 def route(method: str, target: str) -> Route:
@@ -1374,8 +1387,13 @@ class V2Server:
         r = _route_of(target)
         reader = BodyReader(stream, conn, length, receive_in_place=self.zero_copy, ahead=ahead)
         try:
-            if r.kind != "not_found" and req.method.decode("latin-1") != r.method:
-                raise InferenceError(f"method {req.method.decode('latin-1')} not allowed", 405)
+            method = req.method.decode("latin-1")
+            if (
+                r.kind != "not_found"
+                and method != r.method
+                and (method, r.method) != ("HEAD", "GET")
+            ):
+                raise InferenceError(f"method {method} not allowed", 405, allow=_ALLOWED[r.method])
             if r.kind == "infer":
                 body, result = await self._infer(req, fields, r, reader)
                 stream.timeout = timeouts.write
@@ -1458,12 +1476,12 @@ class V2Server:
         if r.kind == "server":
             return json_response(self.metadata())
         if r.kind in ("live", "ready"):
-            return h11.Response(status_code=200, headers=[("Content-Length", "0")]), b""
+            return json_response({r.kind: True})  # (KServe's clients read the field)
         if r.kind == "not_found":
             return error_response("Not Found", 404)
         model = self._model(r)
         if r.kind == "model_ready":
-            return h11.Response(status_code=200, headers=[("Content-Length", "0")]), b""
+            return json_response({"name": model.name, "ready": True})
         return json_response(model.metadata())
 
     def _model(self, r: Route) -> Model:
@@ -1486,6 +1504,13 @@ class V2Server:
         shared = [t.name for t in header.tensors if t.shared_memory]
         if shared:
             raise InferenceError(f"shared memory is not supported here (inputs {shared})")
+        classified = [
+            o.name
+            for o in header.requested_outputs or ()
+            if "classification" in (o.parameters or {})
+        ]
+        if classified:  # (an extension this server does not list: not the tensor in its place)
+            raise InferenceError(f"classification is not supported here (outputs {classified})")
         request = InferRequest(model, r.version, req, header, body)
         try:
             result = await model.handler(request)
@@ -1557,6 +1582,10 @@ class V2Server:
             return False  # the response had begun: all we can do is close
         if isinstance(exc, InferenceError):
             head, payload = error_response(exc.message, exc.status)
+            if exc.allow is not None:
+                head = h11.Response(
+                    status_code=head.status_code, headers=[*head.headers, ("Allow", exc.allow)]
+                )
         else:
             head, payload = error_response(exc)
         # A client still sending its body would not see the answer if the

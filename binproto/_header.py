@@ -93,8 +93,9 @@ class InferenceHeader(NamedTuple):
         id, model_name, model_version: as sent, or None.
         parameters: the top-level ``parameters`` (empty when absent or null).
         tensors: the request's inputs or the response's outputs, in order.
-        requested_outputs: a request's ``outputs`` (None when absent, and for
-            a response).
+        requested_outputs: a request's ``outputs`` (None when absent or
+            empty, which both ask for every output, as Triton reads them; and
+            for a response).
         raw: the decoded JSON object.
         header_length: length of the JSON header in bytes.
     """
@@ -318,6 +319,8 @@ def _requested_outputs(obj: dict[str, Any], limits: Limits) -> tuple[RequestedOu
         raise _fail(
             f"{len(outputs)} requested outputs exceed the limit of {limits.max_tensors}", 413
         )
+    if not outputs:
+        return None  # (none listed: every output)
     result = []
     seen: set[str] = set()
     for i, out in enumerate(outputs):

@@ -1414,6 +1414,7 @@ async def _idle_keep_alive_connection(
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
     assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200 ")
+    assert await reader.readexactly(14) == b'{"live": true}'
     return reader, writer
 
 
@@ -1874,3 +1875,46 @@ def test_an_output_the_model_does_not_give_is_the_clients_400(
     assert sent.startswith(b"HTTP/1.1 400 "), sent[:200]
     assert b"unexpected inference output 'nope' for model 'o'" in sent
     assert caplog.text == ""  # the client's mistake: nothing for the server's log
+
+
+@pytest.mark.parametrize(
+    ("target", "body"),
+    [
+        ("/v2/health/live", b'{"live": true}'),
+        ("/v2/health/ready", b'{"ready": true}'),
+        ("/v2/models/echo/ready", b'{"name": "echo", "ready": true}'),
+    ],
+)
+def test_health_and_ready_answer_the_json_the_protocol_defines(target: str, body: bytes) -> None:
+    # (KServe's clients read the field: an empty body was a JSONDecodeError there)
+    sent = _answer(echo_model(), b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % target.encode())
+    assert sent.startswith(b"HTTP/1.1 200 ") and sent.endswith(b"\r\n\r\n" + body)
+
+
+def test_head_is_answered_on_get_routes_and_a_405_says_what_is_allowed() -> None:
+    sent = _answer(echo_model(), b"HEAD /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert sent.startswith(b"HTTP/1.1 200 ") and sent.endswith(b"\r\n\r\n")  # no body
+    sent = _answer(
+        echo_model(), b"POST /v2/models/echo HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+    )
+    assert sent.startswith(b"HTTP/1.1 405 ") and b"\r\nAllow: GET, HEAD\r\n" in sent
+    sent = _answer(echo_model(), b"GET /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert sent.startswith(b"HTTP/1.1 405 ") and b"\r\nAllow: POST\r\n" in sent
+
+
+def test_a_classification_request_is_refused_not_answered_with_the_tensor() -> None:
+    x = np.arange(3, dtype=np.float32)
+    wire = _request_bytes(
+        {"x": x}, outputs=[binproto.RequestedOutput("x", parameters={"classification": 2})]
+    )
+    sent = _answer(echo_model(), wire)
+    assert sent.startswith(b"HTTP/1.1 400 ") and b"classification is not supported" in sent
+
+
+def test_model_versions_are_a_sequence_not_a_string() -> None:
+    async def nothing(request: InferRequest) -> dict[str, Any]:
+        return {}
+
+    with pytest.raises(binproto.LocalProtocolError, match="the string '12'"):
+        Model("m", nothing, versions="12")
+    assert Model("m", nothing, versions=["12"]).versions == ("12",)

@@ -81,3 +81,10 @@ def test_a_tensor_info_is_an_immutable_named_tuple() -> None:
     assert built._asdict() == made._asdict() and built._fields[:2] == ("index", "name")
     with pytest.raises(AttributeError):
         built.name = "y"  # type: ignore[misc]
+
+
+def test_an_empty_outputs_list_asks_for_every_output() -> None:
+    # As Triton reads it: [] is no selection, not a request for nothing.
+    obj: dict[str, Any] = {"inputs": [], "outputs": []}
+    header, _ = build_header(obj, "request", binproto.Limits(), 30)
+    assert header.requested_outputs is None

@@ -682,7 +682,7 @@ def test_serve_command_with_the_trio_backend() -> None:
         conn = http.client.HTTPConnection("127.0.0.1", served_port, timeout=10)
         conn.request("GET", "/v2/health/ready")
         response = conn.getresponse()
-        assert response.status == 200 and response.read() == b""
+        assert response.status == 200 and response.read() == b'{"ready": true}'
         conn.close()
     finally:
         proc.terminate()
