@@ -65,6 +65,7 @@ from binproto import (
     Tensor,
     TensorAssembler,
     TensorChunk,
+    TensorSpec,
     body_claims,
 )
 from binproto._assemble import Destinations
@@ -589,11 +590,13 @@ class MessageBody:
         *,
         limits: Limits | None = None,
         strict_bool: bool = True,
+        raw_input: TensorSpec | None = None,
     ) -> None:
         self.kind: Kind = kind
         self.claims = claims
         self.limits = limits  # None: the parser's defaults
         self.strict_bool = strict_bool
+        self.raw_input = raw_input  # what a raw binary request's body is
         self._parser: Parser | None = None
         self._reader = reader
         # A compressed body expands on the event loop: yield now and then.
@@ -643,6 +646,7 @@ class MessageBody:
                 limits=self.limits,
                 strict_bool=self.strict_bool,
                 content_encoding=claims.content_encoding,
+                raw_input=self.raw_input,
             )
         return self._parser
 
@@ -913,6 +917,18 @@ class Model:
     inputs: Sequence[Mapping[str, Any]] = ()
     outputs: Sequence[Mapping[str, Any]] = ()
     platform: str = "binproto"
+
+    def raw_input(self) -> TensorSpec | None:
+        """What a raw binary request's body stands for: the model's one
+        declared input (its ``name``, ``datatype`` and ``shape``, ``-1`` for a
+        variable dimension); None when it declares none or several."""
+        if len(self.inputs) != 1:
+            return None
+        (spec,) = self.inputs
+        try:
+            return TensorSpec(spec["name"], spec["datatype"], spec["shape"])
+        except KeyError as exc:
+            raise LocalProtocolError(f"model '{self.name}' input metadata has no {exc}") from None
 
     def __post_init__(self) -> None:
         if isinstance(self.versions, str):
@@ -1499,7 +1515,22 @@ class V2Server:
         self, req: h11.Request, fields: HeaderFields, r: Route, reader: BodyReader
     ) -> tuple[MessageBody, Any]:
         model = self._model(r)
-        body = MessageBody("request", body_claims(fields), reader, limits=self.limits)
+        claims = body_claims(fields)
+        raw_input = None
+        if claims.header_length == 0:  # a raw binary request: the body is the one input
+            raw_input = model.raw_input()
+            if raw_input is None:
+                raise InferenceError(
+                    "a raw binary request is the bytes of a model's one input: model"
+                    f" '{model.name}' declares {len(model.inputs)} inputs"
+                )
+            if raw_input.needs_length and claims.content_length is None:
+                raise InferenceError(
+                    f"a raw request for input '{raw_input.name}' needs Content-Length:"
+                    " the body's length gives the input's shape",
+                    411,
+                )
+        body = MessageBody("request", claims, reader, limits=self.limits, raw_input=raw_input)
         header = await body.read_header()
         shared = [t.name for t in header.tensors if t.shared_memory]
         if shared:

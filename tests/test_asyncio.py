@@ -1918,3 +1918,53 @@ def test_model_versions_are_a_sequence_not_a_string() -> None:
     with pytest.raises(binproto.LocalProtocolError, match="the string '12'"):
         Model("m", nothing, versions="12")
     assert Model("m", nothing, versions=["12"]).versions == ("12",)
+
+
+async def _sum_x(request: InferRequest) -> dict[str, Any]:
+    tensors = await request.tensors()
+    return {"y": np.asarray(tensors["x"]) * 2}
+
+
+_ONE_INPUT = Model(
+    "single",
+    _sum_x,
+    inputs=[{"name": "x", "datatype": "FP32", "shape": [-1]}],
+    outputs=[{"name": "y", "datatype": "FP32", "shape": [-1]}],
+)
+
+
+def _raw_request(body: bytes, *, chunked: bool = False, model: str = "single") -> bytes:
+    head = (
+        f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: x\r\n"
+        "Inference-Header-Content-Length: 0\r\nContent-Type: application/octet-stream\r\n"
+    ).encode()
+    if chunked:
+        return head + b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    return head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+
+def test_a_raw_binary_request_is_the_models_one_input() -> None:
+    x = np.array([1.5, 2.0, -3.0], dtype=np.float32)
+    sent = _answer(_ONE_INPUT, _raw_request(x.tobytes()))
+    assert sent.startswith(b"HTTP/1.1 200 "), sent[:300]
+    head, _, body = sent.partition(b"\r\n\r\n")
+    hl = int(re.search(rb"Inference-Header-Content-Length: (\d+)", head).group(1))  # type: ignore[union-attr]
+    decoded = binproto.decode_response(body, header_length=hl)
+    assert decoded.tensors["y"].tolist() == (x * 2).tolist()  # a raw request's outputs are binary
+
+
+@pytest.mark.parametrize(
+    ("model", "wire", "status", "message"),
+    [
+        (echo_model(), _raw_request(b"\0" * 8, model="echo"), 400, b"declares 0 inputs"),
+        (_ONE_INPUT, _raw_request(b"\0" * 8, chunked=True), 411, b"needs Content-Length"),
+        (_ONE_INPUT, _raw_request(b"\0" * 7), 400, b"expecting a multiple of 4"),
+    ],
+    ids=["no declared input", "no length", "not whole elements"],
+)
+def test_a_raw_binary_request_the_model_cannot_take_is_refused(
+    model: Model, wire: bytes, status: int, message: bytes
+) -> None:
+    sent = _answer(model, wire)
+    assert sent.startswith(b"HTTP/1.1 %d " % status), sent[:300]
+    assert message in sent
