@@ -57,6 +57,7 @@ from binproto import (
     ProtocolError,
     RemoteProtocolError,
     TensorAssembler,
+    TensorSpec,
 )
 from binproto._assemble import Destinations
 from binproto._compression import (
@@ -156,18 +157,27 @@ def _scope_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
 
 
 def parser_from_scope(
-    scope: Scope, *, limits: Limits | None = None, strict_bool: bool = True
+    scope: Scope,
+    *,
+    limits: Limits | None = None,
+    strict_bool: bool = True,
+    raw_input: TensorSpec | None = None,
 ) -> Parser:
     """A request :class:`binproto.Parser` configured from an ASGI HTTP scope.
 
     ``Inference-Header-Content-Length``, ``Content-Length`` and
     ``Content-Encoding`` (gzip and deflate are decoded by binproto) come from
-    ``scope["headers"]``. Raises
+    ``scope["headers"]``; ``raw_input`` is the model's one input, which a raw
+    binary request's body stands for (see :class:`binproto.Parser`). Raises
     :class:`binproto.RemoteProtocolError` for bad values of those headers (a
     content encoding binproto cannot decode has status hint 415).
     """
     return binproto.parser_from_headers(
-        "request", _scope_headers(scope), limits=limits, strict_bool=strict_bool
+        "request",
+        _scope_headers(scope),
+        limits=limits,
+        strict_bool=strict_bool,
+        raw_input=raw_input,
     )
 
 
@@ -235,12 +245,14 @@ async def iter_events(
     parser: Parser | None = None,
     limits: Limits | None = None,
     strict_bool: bool = True,
+    raw_input: TensorSpec | None = None,
 ) -> AsyncIterator[Event]:
     """Parse a request body as it arrives; yield each event.
 
     ``source`` is the ASGI ``receive`` callable or an async iterable of bytes
     (Starlette's ``request.stream()``). The parser comes from
-    :func:`parser_from_scope` unless one is given. Only the next chunk is read
+    :func:`parser_from_scope` unless one is given (with ``limits``,
+    ``strict_bool`` and ``raw_input``). Only the next chunk is read
     while the consumer holds an event, so memory stays bounded by the chunk
     size plus what the consumer keeps. A :class:`~binproto.TensorChunk`'s data
     is valid until the next event is requested. Raises
@@ -249,7 +261,9 @@ async def iter_events(
     ``ClientDisconnect`` included).
     """
     if parser is None:
-        parser = parser_from_scope(scope, limits=limits, strict_bool=strict_bool)
+        parser = parser_from_scope(
+            scope, limits=limits, strict_bool=strict_bool, raw_input=raw_input
+        )
     async for events in _event_batches(parser, source):
         for event in events:
             yield event
@@ -288,6 +302,7 @@ async def read_request(
     destinations: Destinations = None,
     limits: Limits | None = None,
     strict_bool: bool = True,
+    raw_input: TensorSpec | None = None,
 ) -> DecodedMessage:
     """Read a whole request body into numpy arrays, as it arrives.
 
@@ -303,13 +318,15 @@ async def read_request(
     is read whole before it is parsed, and a gzip body whose trailer does not
     give the size its header claims is refused before its tensors are
     inflated (as :class:`~binproto.adapters.asyncio.V2Server` does). Any other
-    body is parsed as it arrives, never held whole.
+    body is parsed as it arrives, never held whole. ``raw_input`` is the
+    model's one input, which a raw binary request's body stands for
+    (``Inference-Header-Content-Length: 0``; refused without it).
     """
     claims = binproto.body_claims(_scope_headers(scope))
-    check_arguments("request", claims.header_length, claims.content_length, limits, None)
+    check_arguments("request", claims.header_length, claims.content_length, limits, raw_input)
     limits = limits if limits is not None else DEFAULT_LIMITS
     # The head's claims are checked before the first receive (see iter_events).
-    claims.check(limits)
+    claims.check(limits, raw=raw_input is not None)
     length = claims.content_length
     chunks = _Chunks(source)
     # An empty body is refused by the parser below, before any receive.
@@ -335,6 +352,7 @@ async def read_request(
                 header_length=hl,
                 limits=limits,
                 strict_bool=strict_bool,
+                raw_input=raw_input,
             )
             tensors = aligned_arrays(decoded.tensors)
             return decoded if tensors is decoded.tensors else decoded._replace(tensors=tensors)
@@ -345,6 +363,7 @@ async def read_request(
         limits=limits,
         strict_bool=strict_bool,
         content_encoding=claims.content_encoding,
+        raw_input=raw_input,
     )
     assembler = TensorAssembler(destinations)
     if first is not None:

@@ -240,17 +240,15 @@ class BodyClaims(NamedTuple):
     content_encoding: str | None
     header_length: int | None
 
-    def check(self, limits: Limits) -> None:
+    def check(self, limits: Limits, *, raw: bool = False) -> None:
         """Refuse lengths ``limits`` do not allow, before any body byte is read:
         the length checks a parser built from these claims makes first (a raw
-        binary request, ``header_length`` 0, is refused: it needs a parser's
-        ``raw_input``). An empty body passes: its fault, no JSON header, is
-        found by parsing it."""
+        binary request, ``header_length`` 0, is refused unless ``raw``: the
+        parser has a ``raw_input``). An empty body passes: its fault, no JSON
+        header, is found by parsing it."""
         body_length = self.content_length if self.content_encoding is None else None
         length = self.header_length if self.header_length is not None else body_length
-        check_lengths(
-            self.header_length, self.content_length, body_length, length, limits, raw=False
-        )
+        check_lengths(self.header_length, self.content_length, body_length, length, limits, raw=raw)
 
 
 def body_claims(headers: Headers) -> BodyClaims:

@@ -1050,3 +1050,32 @@ def test_a_compressed_message_is_never_held_expanded() -> None:
     finally:
         tracemalloc.stop()
     assert peak < 8 << 20, peak
+
+
+_RAW_HEADERS = [("Inference-Header-Content-Length", "0"), ("Content-Length", "12")]
+_RAW_SPEC = binproto.TensorSpec("x", "FP32", [-1])
+
+
+@pytest.mark.parametrize("pieces", [1, 3], ids=["whole", "in pieces"])
+def test_read_request_takes_a_raw_binary_request_given_the_models_input(pieces: int) -> None:
+    x = np.array([1.0, 2.5, -4.0], dtype=np.float32)
+    data = x.tobytes()
+    chunks = [data[i * len(data) // pieces : (i + 1) * len(data) // pieces] for i in range(pieces)]
+    got = asyncio.run(
+        asgi.read_request(scope_for(_RAW_HEADERS), receiver(chunks), raw_input=_RAW_SPEC)
+    )
+    assert got.tensors["x"].tolist() == x.tolist()
+    assert got.header.binary_data_output is True  # a raw request's outputs travel binary
+    events = asyncio.run(_events_of(chunks, raw_input=_RAW_SPEC))
+    names = [type(e).__name__ for e in events]
+    assert names[0] == "HeaderParsed" and names[-2:] == ["TensorComplete", "MessageComplete"]
+    assert names.count("TensorChunk") == pieces
+
+
+async def _events_of(chunks: list[bytes], **options: Any) -> list[binproto.Event]:
+    return [e async for e in asgi.iter_events(scope_for(_RAW_HEADERS), receiver(chunks), **options)]
+
+
+def test_a_raw_binary_request_without_the_models_input_is_refused() -> None:
+    with pytest.raises(binproto.RemoteProtocolError, match="raw binary requests"):
+        asyncio.run(asgi.read_request(scope_for(_RAW_HEADERS), receiver([b"\0" * 12])))
