@@ -1524,12 +1524,7 @@ class V2Server:
                     "a raw binary request is the bytes of a model's one input: model"
                     f" '{model.name}' declares {len(model.inputs)} inputs"
                 )
-            if raw_input.needs_length and claims.content_length is None:
-                raise InferenceError(
-                    f"a raw request for input '{raw_input.name}' needs Content-Length:"
-                    " the body's length gives the input's shape",
-                    411,
-                )
+            claims.check_raw_length(raw_input)
         body = MessageBody("request", claims, reader, limits=self.limits, raw_input=raw_input)
         header = await body.read_header()
         shared = [t.name for t in header.tensors if t.shared_memory]

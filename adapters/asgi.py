@@ -326,7 +326,7 @@ async def read_request(
     check_arguments("request", claims.header_length, claims.content_length, limits, raw_input)
     limits = limits if limits is not None else DEFAULT_LIMITS
     # The head's claims are checked before the first receive (see iter_events).
-    claims.check(limits, raw=raw_input is not None)
+    claims.check(limits, raw_input=raw_input)
     length = claims.content_length
     chunks = _Chunks(source)
     # An empty body is refused by the parser below, before any receive.

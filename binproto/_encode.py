@@ -724,8 +724,8 @@ def encode_response(
       binary_data is specified on an output it overrides this setting").
       Triton and KServe differ here: they return such an output as JSON
       (kserve#5907);
-    * when it lists none, every output is returned, binary if
-      ``binary_data_output`` is true, else as JSON;
+    * when it lists none (no ``outputs``, or an empty list), every output is
+      returned, binary if ``binary_data_output`` is true, else as JSON;
     * FP16 and BF16 always travel binary, and so do BYTES outputs that are not
       valid UTF-8 (JSON cannot carry them);
     * ``id`` defaults to the request's id.

@@ -240,15 +240,42 @@ class BodyClaims(NamedTuple):
     content_encoding: str | None
     header_length: int | None
 
-    def check(self, limits: Limits, *, raw: bool = False) -> None:
+    def check(self, limits: Limits, *, raw_input: TensorSpec | None = None) -> None:
         """Refuse lengths ``limits`` do not allow, before any body byte is read:
         the length checks a parser built from these claims makes first (a raw
-        binary request, ``header_length`` 0, is refused unless ``raw``: the
-        parser has a ``raw_input``). An empty body passes: its fault, no JSON
-        header, is found by parsing it."""
+        binary request, ``header_length`` 0, is refused without ``raw_input``,
+        the model's one input; see also :meth:`check_raw_length`). An empty
+        body passes: its fault, no JSON header, is found by parsing it."""
         body_length = self.content_length if self.content_encoding is None else None
         length = self.header_length if self.header_length is not None else body_length
-        check_lengths(self.header_length, self.content_length, body_length, length, limits, raw=raw)
+        check_lengths(
+            self.header_length,
+            self.content_length,
+            body_length,
+            length,
+            limits,
+            raw=raw_input is not None,
+        )
+        self.check_raw_length(raw_input)
+
+    def check_raw_length(self, raw_input: TensorSpec | None) -> None:
+        """Refuse a raw binary request for ``raw_input`` whose shape or size
+        its length gives, sent without Content-Length (411): the peer's fault,
+        which a parser made without ``content_length`` would take for its
+        caller's."""
+        if (
+            raw_input is not None
+            and self.header_length == 0
+            and raw_input.needs_length
+            and self.content_length is None
+            and self.content_encoding is None
+        ):
+            raise RemoteProtocolError(
+                f"a raw request for input '{raw_input.name}' needs Content-Length: the"
+                " body's length gives the input's shape or size",
+                status_hint=411,
+                offset=0,
+            )
 
 
 def body_claims(headers: Headers) -> BodyClaims:
@@ -297,6 +324,7 @@ def parser_from_headers(
     (status hint 415 for an unsupported content coding).
     """
     claims = body_claims(headers)
+    claims.check_raw_length(raw_input)
     return Parser(
         kind,
         header_length=claims.header_length,

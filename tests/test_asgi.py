@@ -1072,10 +1072,31 @@ def test_read_request_takes_a_raw_binary_request_given_the_models_input(pieces: 
     assert names.count("TensorChunk") == pieces
 
 
-async def _events_of(chunks: list[bytes], **options: Any) -> list[binproto.Event]:
-    return [e async for e in asgi.iter_events(scope_for(_RAW_HEADERS), receiver(chunks), **options)]
+async def _events_of(
+    chunks: list[bytes], headers: list[tuple[str, str]] | None = None, **options: Any
+) -> list[binproto.Event]:
+    scope = scope_for(_RAW_HEADERS if headers is None else [_RAW_HEADERS[0], *headers])
+    return [e async for e in asgi.iter_events(scope, receiver(chunks), **options)]
 
 
 def test_a_raw_binary_request_without_the_models_input_is_refused() -> None:
     with pytest.raises(binproto.RemoteProtocolError, match="raw binary requests"):
         asyncio.run(asgi.read_request(scope_for(_RAW_HEADERS), receiver([b"\0" * 12])))
+
+
+@pytest.mark.parametrize(
+    "spec", [_RAW_SPEC, binproto.TensorSpec("s", "BYTES", [1])], ids=["variable", "BYTES"]
+)
+def test_a_raw_request_whose_length_gives_its_shape_needs_content_length(
+    spec: binproto.TensorSpec,
+) -> None:
+    # Sent chunked, the peer's fault (411), not the caller's (a parser built
+    # without content_length says so with a LocalProtocolError).
+    scope = scope_for([("Inference-Header-Content-Length", "0")])
+    for call in (
+        lambda: asgi.read_request(scope, receiver([b"\0" * 4, b"\0" * 8]), raw_input=spec),
+        lambda: _events_of([b"\0" * 12], raw_input=spec, headers=[]),
+    ):
+        with pytest.raises(binproto.RemoteProtocolError, match="needs Content-Length") as info:
+            asyncio.run(call())
+        assert info.value.status_hint == 411
