@@ -64,6 +64,7 @@ from binproto._compression import (
     ENCODINGS,
     GZIP_AHEAD,
     check_gzip_size,
+    check_level,
     compress_buffers,
     normalize_encoding,
 )
@@ -441,7 +442,7 @@ async def send_buffers(
         buffers,
         status,
         _raw_headers(headers),
-        whole_number(chunk_size, "chunk_size", least=1),
+        whole_number(chunk_size, "chunk_size", positive=True),
     )
 
 
@@ -493,7 +494,7 @@ class BufferResponse(_ResponseBase):
         self.status_code = status_code
         self.raw_headers = _raw_headers(_header_pairs(headers))
         self.background = background
-        self.chunk_size = whole_number(chunk_size, "chunk_size", least=1)
+        self.chunk_size = whole_number(chunk_size, "chunk_size", positive=True)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Send the response (an ASGI application)."""
@@ -539,10 +540,8 @@ class EncodedResponse(BufferResponse):
             raise LocalProtocolError(
                 f"encoding must be 'gzip', 'deflate' or None, got {encoding!r}"
             ) from None
-        if coding is not None and not (
-            type(compression_level) is int and -1 <= compression_level <= 9
-        ):
-            raise LocalProtocolError(f"compression level must be -1..9, got {compression_level!r}")
+        if coding is not None:
+            check_level(compression_level)  # (now, not when the body is sent)
         items = list(_header_pairs(headers))
         framing: list[tuple[Any, Any]] = body.headers
         if coding is not None:
@@ -603,7 +602,7 @@ class WriterResponse(_ResponseBase):
         self.status_code = status_code
         self.raw_headers = _raw_headers([*writer.headers, *items])
         self.background = background
-        self.chunk_size = whole_number(chunk_size, "chunk_size", least=1)
+        self.chunk_size = whole_number(chunk_size, "chunk_size", positive=True)
 
     async def _iter_pieces(self) -> AsyncIterator[tuple[int | str, Any]]:
         pieces = self.pieces

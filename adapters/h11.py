@@ -586,7 +586,7 @@ def receive_body_into(
     h11 never sees the bytes read this way, so ``conn`` cannot go on to the
     next request/response cycle: start a new ``h11.Connection`` for it.
     """
-    size = whole_number(chunk_size, "chunk_size", least=1)
+    size = whole_number(chunk_size, "chunk_size", positive=True)
     try:
         _receive_body_into(sock, conn, parser, assembler, size)
     except h11.RemoteProtocolError as exc:  # bad chunked framing, or an early close

@@ -356,6 +356,13 @@ def inflate_whole(data: memoryview, encoding: str, limits: Limits) -> bytearray:
     return out
 
 
+def check_level(level: Any) -> None:
+    """Refuse a zlib compression level other than an int of -1..9 (a bool
+    included): the caller's :class:`LocalProtocolError`."""
+    if isinstance(level, bool) or not (isinstance(level, int) and -1 <= level <= 9):
+        raise LocalProtocolError(f"compression level must be -1..9, got {level!r}")
+
+
 def compress_buffers(
     buffers: Iterable[Any], encoding: str, *, level: int = 6, piece: int = 1024 * 1024
 ) -> Iterator[bytes]:
@@ -380,8 +387,7 @@ def compress_buffers(
         raise LocalProtocolError(exc.msg) from None
     if name is None:
         raise LocalProtocolError("compress_buffers needs 'gzip' or 'deflate', not identity")
-    if isinstance(level, bool) or not (isinstance(level, int) and -1 <= level <= 9):
-        raise LocalProtocolError(f"compression level must be -1..9, got {level!r}")
+    check_level(level)
     if isinstance(piece, bool) or not isinstance(piece, int) or piece <= 0:
         raise LocalProtocolError(f"piece must be a positive int, got {piece!r}")
     comp = zlib.compressobj(level, zlib.DEFLATED, _GZIP_WBITS if name == "gzip" else _ZLIB_WBITS)

@@ -373,9 +373,8 @@ def build_header(
     id_ = _optional_str(obj, "id")
     model_name = _optional_str(obj, "model_name")
     model_version = _optional_str(obj, "model_version")
-    requested = None
-    if kind == "request" and obj.get("outputs") is not None:
-        requested = _requested_outputs(obj, limits)
+    requested = _requested_outputs(obj, limits) if kind == "request" else None
+    if requested is not None:
         for out in obj["outputs"]:
             out_params = out.get("parameters")
             keys += len(out) + (len(out_params) if out_params else 0)

@@ -76,17 +76,17 @@ def aligned_copy(data: Any, at: int) -> memoryview:
     return memoryview(copy)[pad:]
 
 
-def whole_number(value: Any, what: str, *, least: int = 0) -> int:
+def whole_number(value: Any, what: str, *, positive: bool = False) -> int:
     """``value`` as an ``int``: a whole number of any integer type (numpy's
-    included; not a bool) of at least ``least``. Anything else is the
-    caller's :class:`LocalProtocolError`, naming ``what``."""
+    included; not a bool), at least 0 (at least 1 when ``positive``).
+    Anything else is the caller's :class:`LocalProtocolError`, naming ``what``."""
     try:
         number = None if isinstance(value, bool) else operator.index(value)
     except TypeError:
         number = None
-    if number is None or number < least:
-        bound = {0: "a non-negative", 1: "a positive"}.get(least, f"an (>= {least})")
-        raise LocalProtocolError(f"{what} must be {bound} int, got {value!r}")
+    if number is None or number < positive:
+        kind = "a positive" if positive else "a non-negative"
+        raise LocalProtocolError(f"{what} must be {kind} int, got {value!r}")
     return number
 
 

@@ -215,11 +215,9 @@ class BodyWriter:
                 f" values of format {exported.format!r}"
             )
         try:
-            view = as_byte_view(data)
+            view = as_byte_view(exported if exported is not None else data)
         except LocalProtocolError as exc:  # not a buffer, or not C-contiguous
             raise self._misuse(f"data for {self._label(index)}: {exc.msg}") from None
-        if not view.c_contiguous:  # a strided 1-D byte view passes as_byte_view
-            raise self._misuse(f"data for {self._label(index)} must be C-contiguous")
         n = view.nbytes
         if n == 0:
             return data
