@@ -287,13 +287,8 @@ def _other_complete(which: int = 0) -> binproto.TensorComplete:
 
 @pytest.mark.parametrize("index", [-1, 5, 1], ids=["negative", "past the end", "JSON data"])
 def test_target_of_a_tensor_without_binary_bytes_is_refused(index: int) -> None:
-    body, hl, _ = _body()
-    p = Parser("response", header_length=hl)
-    p.receive_data(body)
     asm = TensorAssembler()
-    header = p.next_event()
-    assert type(header) is binproto.HeaderParsed
-    asm.feed(header)
+    asm.feed(_events()[0])  # its HeaderParsed
     with pytest.raises(LocalProtocolError):
         asm.target(index)
 
@@ -322,24 +317,13 @@ def test_a_matrix_destination_receives_its_tensor() -> None:
 
 
 def test_a_second_header_is_refused() -> None:
-    body, hl, _ = _body()
-    events = []
-    for _ in range(2):
-        p = Parser("response", header_length=hl)
-        p.receive_data(body)
-        events.append(p.next_event())
     asm = TensorAssembler()
-    asm.feed(events[0])  # type: ignore[arg-type]
+    asm.feed(_events()[0])
     with pytest.raises(LocalProtocolError, match="one message"):
-        asm.feed(events[1])  # type: ignore[arg-type]
+        asm.feed(_events()[0])  # another message's HeaderParsed
 
 
 def test_a_numpy_integer_index_is_taken() -> None:
-    body, hl, _ = _body()
-    p = Parser("response", header_length=hl)
-    p.receive_data(body)
     asm = TensorAssembler()
-    header = p.next_event()
-    assert type(header) is binproto.HeaderParsed
-    asm.feed(header)
+    asm.feed(_events()[0])
     assert len(asm.target(np.int64(0))) == 24 * 4  # type: ignore[arg-type]

@@ -1920,14 +1920,14 @@ def test_model_versions_are_a_sequence_not_a_string() -> None:
     assert Model("m", nothing, versions=["12"]).versions == ("12",)
 
 
-async def _sum_x(request: InferRequest) -> dict[str, Any]:
+async def _double_x(request: InferRequest) -> dict[str, Any]:
     tensors = await request.tensors()
     return {"y": np.asarray(tensors["x"]) * 2}
 
 
 _ONE_INPUT = Model(
     "single",
-    _sum_x,
+    _double_x,
     inputs=[{"name": "x", "datatype": "FP32", "shape": [-1]}],
     outputs=[{"name": "y", "datatype": "FP32", "shape": [-1]}],
 )
