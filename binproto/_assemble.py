@@ -41,6 +41,7 @@ class DecodedMessage(NamedTuple):
 
 
 _OBJECT = DTYPES["BYTES"]
+_BYTE = np.dtype(np.uint8)
 
 
 class _Building:
@@ -192,22 +193,23 @@ class TensorAssembler:
             raise LocalProtocolError(f"tensor '{info.name}' is complete already")
         array = self._destination(info) if self._destinations is not None else None
         if array is None:
-            size = info.binary_size or 0
+            # The tensor's own array (its size is the validated binary_size);
+            # BYTES stays bytes until complete (then split).
+            bytes_ = info.datatype == "BYTES"
             try:
-                buffer = np.empty(size, dtype=np.uint8)
+                array = np.empty(
+                    info.binary_size if bytes_ else info.shape,
+                    _BYTE if bytes_ else DTYPES[info.datatype],
+                )
             except MemoryError:
                 # A size within the limits, but more memory than the system
                 # grants (possible when the body's length is not known up front).
                 raise RemoteProtocolError(
-                    f"cannot allocate {size} bytes for tensor '{info.name}'",
+                    f"cannot allocate {info.binary_size} bytes for tensor '{info.name}'",
                     status_hint=413,
                     offset=None,
                 ) from None
-            # Its array over it now; BYTES stays bytes until complete (then split).
-            array = buffer if info.datatype == "BYTES" else array_from_bytes(info, buffer)
-            tensor = _Building(buffer.data, array)
-        else:
-            tensor = _Building(as_byte_view(array), array)
+        tensor = _Building(as_byte_view(array), array)
         self._open[position] = tensor
         return tensor
 

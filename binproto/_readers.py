@@ -84,7 +84,7 @@ class ChunkQueue:
 
     def has_data(self) -> bool:
         """True when a byte is queued, decompressing one step if need be."""
-        return bool(self._chunks) or self._refill()
+        return bool(self._chunks) or (self.source is not None and self._refill())
 
     @property
     def waiting(self) -> bool:

@@ -54,8 +54,9 @@ def as_byte_view(data: Any) -> memoryview:
             raise LocalProtocolError(
                 "cannot take the bytes of an array of Python objects (dtype object)"
             )
-        # (memoryview cannot cast a view with a zero in its shape: no bytes)
-        mv = mv.cast("B") if mv.nbytes else memoryview(b"")
+        # (memoryview cannot cast a view with a zero in its shape: no bytes,
+        # writable as the buffer was)
+        mv = mv.cast("B") if mv.nbytes else memoryview(b"" if mv.readonly else bytearray())
     return mv
 
 
@@ -93,6 +94,8 @@ def whole_number(value: Any, what: str, *, positive: bool = False) -> int:
 def index_below(value: Any, count: int) -> int | None:
     """``value`` as an index below ``count`` (any integer type, not a bool),
     or None when it is no such index."""
+    if type(value) is int:  # the parser's own indices: nothing to convert
+        return value if 0 <= value < count else None
     try:
         index = whole_number(value, "an index")
     except LocalProtocolError:

@@ -327,3 +327,36 @@ def test_a_numpy_integer_index_is_taken() -> None:
     asm = TensorAssembler()
     asm.feed(_events()[0])
     assert len(asm.target(np.int64(0))) == 24 * 4  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("datatype", sorted(set(binproto.DATATYPES) - {"BYTES"}))
+def test_each_datatype_is_assembled_into_an_array_of_its_own_dtype_and_shape(
+    datatype: str,
+) -> None:
+    dtype = binproto.DATATYPES[datatype].dtype
+    # (BOOL: 1s only, as strict_bool wants)
+    raw = b"\x01" * 12 if datatype == "BOOL" else bytes(range(1, 1 + 12 * dtype.itemsize))
+    header = {"outputs": [
+        {"name": "t", "shape": [3, 4], "datatype": datatype,
+         "parameters": {"binary_data_size": len(raw)}},
+        {"name": "empty", "shape": [0, 2], "datatype": datatype,
+         "parameters": {"binary_data_size": 0}},
+    ]}  # fmt: skip
+    body, hl = make_body(header, raw)
+    for chunks in chunkings(body, two_way_limit=0):
+        asm = TensorAssembler()
+        _assemble(body, hl, chunks, asm)
+        t, empty = asm.tensors["t"], asm.tensors["empty"]
+        assert t.dtype == dtype and t.shape == (3, 4) and t.tobytes() == raw
+        assert t.flags.writeable and t.flags.c_contiguous and t.flags.aligned
+        assert empty.dtype == dtype and empty.shape == (0, 2) and empty.flags.writeable
+
+
+def test_the_target_of_a_tensor_without_elements_is_empty_and_writable() -> None:
+    asm = TensorAssembler()
+    body, hl, _ = _body()
+    p = Parser("response", header_length=hl)
+    p.receive_data(body)
+    asm.feed(next(p.events()))
+    target = asm.target(4)  # "z": FP64 of shape [0]
+    assert len(target) == 0 and not target.readonly

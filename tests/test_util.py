@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -23,8 +25,12 @@ def test_a_buffer_without_elements_is_an_empty_byte_view(
     shape: tuple[int, ...], dtype: type
 ) -> None:
     # memoryview itself cannot cast a view with a zero in its shape.
-    view = as_byte_view(np.zeros(shape, dtype=dtype))
+    array: np.ndarray[Any, Any] = np.zeros(shape, dtype=dtype)
+    view = as_byte_view(array)
     assert view.format == "B" and view.ndim == 1 and len(view) == 0
+    assert not view.readonly  # writable, as the array is
+    array.flags.writeable = False
+    assert as_byte_view(array).readonly
 
 
 def test_an_object_array_is_refused_not_read_as_pointers() -> None:
