@@ -542,18 +542,19 @@ class EncodedResponse(BufferResponse):
             ) from None
         if coding is not None:
             check_level(compression_level)  # (now, not when the body is sent)
-        items = list(_header_pairs(headers))
-        framing: list[tuple[Any, Any]] = body.headers
+        framing = body.raw_headers
         if coding is not None:
-            framing = [(k, v) for k, v in framing if str(k).lower() != "content-length"]
-            framing += [("Content-Encoding", coding), ("Vary", "Accept-Encoding")]
+            framing = [(k, v) for k, v in framing if k != b"content-length"]
+            framing += [(b"content-encoding", coding.encode()), (b"vary", b"Accept-Encoding")]
         super().__init__(
             body.buffers,
             status_code,
-            [*framing, *items] if items else framing,
+            headers,
             background=background,
             chunk_size=chunk_size,
         )
+        # The body's own headers first, then the caller's.
+        self.raw_headers[:0] = framing
         self.encoded = body
         #: The content coding the body is sent with, or None.
         self.encoding = coding

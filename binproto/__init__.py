@@ -32,6 +32,7 @@ from ._http import (
     message_headers,
     parser_from_headers,
     preferred_encoding,
+    raw_message_headers,
 )
 from ._limits import Limits
 from ._parser import Parser, ParserState
@@ -86,5 +87,6 @@ __all__ = [
     "message_headers",
     "parser_from_headers",
     "preferred_encoding",
+    "raw_message_headers",
     "split_bytes",
 ]

@@ -39,7 +39,7 @@ from ._bytes import join_plain
 from ._datatypes import DATATYPES, DataType, datatype_for_dtype
 from ._errors import LocalProtocolError, RemoteProtocolError
 from ._header import InferenceHeader, RequestedOutput
-from ._http import message_headers
+from ._http import message_headers, raw_message_headers
 from ._json import json_data_to_array
 from ._util import as_byte_view, check_bool
 
@@ -121,6 +121,12 @@ class EncodedBody:
         a tensor is binary), Content-Length, and Content-Type. A new list each
         time, made when asked for."""
         return message_headers(self.header_length, self.content_length)
+
+    @property
+    def raw_headers(self) -> list[tuple[bytes, bytes]]:
+        """:attr:`headers` as ASGI servers and h11 take them
+        (:func:`raw_message_headers`): lower-cased names, values as bytes."""
+        return raw_message_headers(self.header_length, self.content_length)
 
     def __bytes__(self) -> bytes:
         return b"".join(self.buffers)

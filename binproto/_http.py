@@ -31,6 +31,7 @@ __all__ = [
     "message_headers",
     "parser_from_headers",
     "preferred_encoding",
+    "raw_message_headers",
 ]
 
 HEADER_LENGTH_NAME = "Inference-Header-Content-Length"
@@ -41,6 +42,10 @@ _ABSURD = 2**53
 
 def _text(value: str | bytes) -> str:
     return value.decode("latin-1") if isinstance(value, bytes) else value
+
+
+def _not_text(name: object, value: object) -> LocalProtocolError:
+    return LocalProtocolError(f"header names and values are str or bytes, got {name!r}: {value!r}")
 
 
 class HeaderFields:
@@ -76,15 +81,14 @@ class HeaderFields:
         else:
             items = headers.items() if isinstance(headers, Mapping) else headers
         for key, value in items:
-            name: str | None = None
             if type(key) is bytes:  # (as servers give them: the cheapest test first)
                 name = key.decode("latin-1").lower()
             elif isinstance(key, str):
                 name = key.lower()
-            if name is None or (type(value) is not bytes and not isinstance(value, (str, bytes))):
-                raise LocalProtocolError(
-                    f"header names and values are str or bytes, got {key!r}: {value!r}"
-                )
+            else:
+                raise _not_text(key, value)
+            if type(value) is not bytes and not isinstance(value, (str, bytes)):
+                raise _not_text(key, value)
             if name in raw:
                 repeats.setdefault(name, []).append(value)
             else:
@@ -107,7 +111,7 @@ class HeaderFields:
         value = self._raw.get(wanted)
         if value is None:
             return None
-        text = _text(value).strip()
+        text = (value.decode("latin-1") if isinstance(value, bytes) else value).strip()
         if self._repeats and wanted in self._repeats:
             for other in self._repeats[wanted]:
                 if _text(other).strip() != text:
@@ -153,11 +157,11 @@ def header_length_from(headers: Headers, *, content_length: int | None = None) -
     digits = text[1:] if text[:1] in "+-" else text
     if not digits.isascii() or not digits.isdigit():
         raise RemoteProtocolError(f"Unable to parse {HEADER_LENGTH_NAME}, got: {text}")
-    if len(digits) > 20 or int(text) >= _ABSURD:
+    value = int(text) if len(digits) <= 20 else _ABSURD
+    if value >= _ABSURD:
         raise RemoteProtocolError(
             f"{HEADER_LENGTH_NAME} is absurdly large, got: {text}", status_hint=413
         )
-    value = int(text)
     if value < 0 or (content_length is not None and value > content_length):
         bound = "Content-Length" if content_length is None else str(content_length)
         past = ""
@@ -170,21 +174,37 @@ def header_length_from(headers: Headers, *, content_length: int | None = None) -
     return value
 
 
-def message_headers(header_length: int | None, content_length: int) -> list[tuple[str, str]]:
-    """The HTTP headers that frame a body this extension's way.
+def raw_message_headers(
+    header_length: int | None, content_length: int
+) -> list[tuple[bytes, bytes]]:
+    """The HTTP headers that frame a body this extension's way, as ASGI
+    servers and h11 take them: lower-cased names and values as bytes.
 
     ``header_length`` is the JSON header's length when binary tensors follow
-    it, None for a plain JSON body. Returns Inference-Header-Content-Length
-    (only when binary), Content-Length, and Content-Type
+    it, None for a plain JSON body. Returns inference-header-content-length
+    (only when binary), content-length, and content-type
     (``application/octet-stream`` with binary tensors, else ``application/json``).
     """
-    headers: list[tuple[str, str]] = []
-    if header_length is not None:
-        headers.append((HEADER_LENGTH_NAME, str(header_length)))
-    headers.append(("Content-Length", str(content_length)))
-    kind = "application/json" if header_length is None else "application/octet-stream"
-    headers.append(("Content-Type", kind))
-    return headers
+    if header_length is None:
+        return [(b"content-length", b"%d" % content_length), _JSON_TYPE]
+    return [
+        (b"inference-header-content-length", b"%d" % header_length),
+        (b"content-length", b"%d" % content_length),
+        _BINARY_TYPE,
+    ]
+
+
+_JSON_TYPE = (b"content-type", b"application/json")
+_BINARY_TYPE = (b"content-type", b"application/octet-stream")
+
+
+def message_headers(header_length: int | None, content_length: int) -> list[tuple[str, str]]:
+    """:func:`raw_message_headers` as ``str`` pairs, names capitalized
+    (Inference-Header-Content-Length, Content-Length, Content-Type)."""
+    return [
+        (name.decode("ascii").title(), value.decode("ascii"))
+        for name, value in raw_message_headers(header_length, content_length)
+    ]
 
 
 CONTENT_ENCODING_NAME = "Content-Encoding"
@@ -222,9 +242,10 @@ def content_length_from(headers: Headers) -> int | None:
         return None
     if not text.isascii() or not text.isdigit():
         raise RemoteProtocolError(f"invalid Content-Length: {text!r}")
-    if len(text) > 20 or int(text) >= _ABSURD:
+    value = int(text) if len(text) <= 20 else _ABSURD
+    if value >= _ABSURD:
         raise RemoteProtocolError(f"Content-Length is absurdly large, got: {text}", status_hint=413)
-    return int(text)
+    return value
 
 
 class BodyClaims(NamedTuple):

@@ -494,6 +494,24 @@ def test_a_small_chunk_size_bounds_every_message_and_joins_no_big_buffer() -> No
     assert sum(len(b) for b in tensor) == a.nbytes
 
 
+@pytest.mark.parametrize("json_only", [False, True])
+def test_encoded_response_starts_with_the_bodys_headers_lower_cased_then_the_callers(
+    json_only: bool,
+) -> None:
+    body = binproto.encode_response(
+        {"a": np.arange(3, dtype=np.float32)}, model_name="m", binary=not json_only
+    )
+    rec = Recorder()
+    response = asgi.EncodedResponse(body, 201, headers=[("X-Extra", "1"), (b"x-raw", b"2")])
+    asyncio.run(response({"type": "http"}, _no_receive, rec))
+    start = rec.messages[0]
+    assert start["status"] == 201
+    framing = [(k.lower().encode(), v.encode()) for k, v in body.headers]
+    assert start["headers"] == [*framing, (b"x-extra", b"1"), (b"x-raw", b"2")]
+    assert all(name == name.lower() for name, _ in start["headers"])  # as ASGI asks
+    assert rec.body() == bytes(body)
+
+
 @pytest.mark.parametrize("encoding", ["gzip", "deflate", "GZIP"])
 def test_encoded_response_compresses_piece_by_piece(encoding: str) -> None:
     rng = np.random.default_rng(2)

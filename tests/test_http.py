@@ -334,3 +334,23 @@ def test_header_fields_say_which_headers_are_present() -> None:
     assert "content-length" in fields and "Content-Length" in fields
     assert "x-a" in fields  # present, though its values conflict
     assert "expect" not in fields and b"content-length" not in fields
+
+
+@pytest.mark.parametrize("header_length", [None, 0, 143])
+def test_the_framing_headers_in_both_forms(header_length: int | None) -> None:
+    raw = binproto.raw_message_headers(header_length, 4239)
+    text = binproto.message_headers(header_length, 4239)
+    binary = header_length is not None
+    kind = "application/octet-stream" if binary else "application/json"
+    expected = [("Content-Length", "4239"), ("Content-Type", kind)]
+    if binary:
+        expected.insert(0, ("Inference-Header-Content-Length", str(header_length)))
+    assert text == expected
+    assert raw == [(k.lower().encode(), v.encode()) for k, v in expected]
+
+
+def test_an_encoded_body_gives_its_framing_headers_in_both_forms() -> None:
+    body = binproto.encode_request({"x": np.arange(3, dtype=np.int32)})
+    assert body.headers == binproto.message_headers(body.header_length, body.content_length)
+    assert body.raw_headers == binproto.raw_message_headers(body.header_length, body.content_length)
+    assert dict(body.raw_headers)[b"content-length"] == b"%d" % len(bytes(body))
