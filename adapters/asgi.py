@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import (
     AsyncIterable,
     AsyncIterator,
@@ -388,14 +389,35 @@ async def read_request(
 # -- sending ------------------------------------------------------------------------
 
 
+# A header name is a token (RFC 9110 5.6.2); a value holds no CR, LF or NUL,
+# which would end the header (or the head) early: response splitting.
+_TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
+_VALUE_ENDS = re.compile(rb"[\r\n\x00]")
+
+
 def _raw_headers(headers: Iterable[tuple[Any, Any]]) -> list[tuple[bytes, bytes]]:
-    return [
-        (
-            (name if isinstance(name, bytes) else str(name).encode("latin-1")).lower(),
-            value if isinstance(value, bytes) else str(value).encode("latin-1"),
-        )
-        for name, value in headers
-    ]
+    """The caller's headers as ASGI wants them: lower-cased names, values as
+    bytes. Anything a server could not send as it is, is the caller's
+    :class:`binproto.LocalProtocolError`."""
+    try:
+        pairs = iter(headers)
+    except TypeError:
+        raise LocalProtocolError(f"headers must be (name, value) pairs, got {headers!r}") from None
+    raw = []
+    for pair in pairs:
+        try:
+            name, value = pair
+            name = (name if isinstance(name, bytes) else str(name).encode("latin-1")).lower()
+            value = value if isinstance(value, bytes) else str(value).encode("latin-1")
+            if not _TOKEN.fullmatch(name) or _VALUE_ENDS.search(value):
+                raise ValueError
+        except (TypeError, ValueError):  # (UnicodeEncodeError is a ValueError)
+            raise LocalProtocolError(
+                "a response header is a (name, value) pair of latin-1 str or bytes, its"
+                f" name a token, its value without CR, LF or NUL; got {pair!r}"
+            ) from None
+        raw.append((name, value))
+    return raw
 
 
 def _pieces(buffers: Iterable[Any], chunk_size: int) -> Iterator[Any]:

@@ -232,6 +232,11 @@ class TensorAssembler:
             raise LocalProtocolError(
                 f"destination for '{info.name}' is not a numpy array of plain values"
             )
+        if array.dtype.byteorder == ">":
+            raise LocalProtocolError(
+                f"destination for '{info.name}' is big-endian ({array.dtype}): the body's"
+                " values are little-endian"
+            )
         if not (array.flags.c_contiguous and array.flags.writeable):
             raise LocalProtocolError(
                 f"destination for '{info.name}' must be writable and C-contiguous"

@@ -38,7 +38,7 @@ from . import _json
 from ._bytes import join_plain
 from ._datatypes import DATATYPES, DataType, datatype_for_dtype
 from ._errors import LocalProtocolError, RemoteProtocolError
-from ._header import InferenceHeader, RequestedOutput
+from ._header import MAX_DIMS, InferenceHeader, RequestedOutput
 from ._http import message_headers, raw_message_headers
 from ._json import json_data_to_array
 from ._util import as_byte_view, check_bool
@@ -184,6 +184,11 @@ def _nested(data: Sequence[Any], label: str) -> tuple[list[int], list[Any]]:
     probe: Any = data
     while isinstance(probe, (list, tuple)):
         shape.append(len(probe))
+        if len(shape) > MAX_DIMS:
+            raise _fail(
+                f"{label} is nested more than {MAX_DIMS} deep: a tensor has at most"
+                f" {MAX_DIMS} dimensions"
+            )
         if not probe:
             break
         probe = probe[0]
@@ -287,7 +292,7 @@ def _prepare(name: Any, value: Any, datatype: str | None, params: Any, role: str
         if isinstance(value, int) and not -(2**63) <= value < 2**63:
             raise _fail(f"{label}: {value!r} does not fit in INT64")
         if isinstance(value, (str, bytes)):
-            if datatype in DATATYPES and datatype != "BYTES":
+            if isinstance(datatype, str) and datatype in DATATYPES and datatype != "BYTES":
                 raise _fail(f"{label}: cannot send a {type(value).__name__} as {datatype}")
             # (np.asarray would make it a fixed-width string: trailing NULs lost)
             scalar = np.empty((), dtype=object)
@@ -296,6 +301,11 @@ def _prepare(name: Any, value: Any, datatype: str | None, params: Any, role: str
         else:
             value = np.asarray(value)
     if isinstance(value, (np.ndarray, np.generic)):
+        if isinstance(value, np.ma.MaskedArray):
+            raise _fail(
+                f"{label}: a masked array has no V2 form (its mask would be dropped):"
+                " fill it first (.filled())"
+            )
         arr = value if type(value) is np.ndarray else np.asarray(value)
         natural = datatype_for_dtype(arr.dtype)
         dt = _datatype(datatype, label) if datatype is not None else natural
@@ -366,7 +376,7 @@ def _prepare_all(tensors: Any, role: str) -> list[_Prepared]:
     if isinstance(tensors, Mapping):
         for key, value in tensors.items():
             if isinstance(value, Tensor):
-                if value.name != key:
+                if not isinstance(value.name, str) or value.name != key:
                     raise _fail(f"{role} '{key}' is a Tensor named '{value.name}'")
                 items.append((key, value.array, value.datatype, value.parameters))
             else:
@@ -381,6 +391,8 @@ def _prepare_all(tensors: Any, role: str) -> list[_Prepared]:
     prepared: list[_Prepared] = []
     seen: set[str] = set()
     for name, data, datatype, params in items:
+        if not isinstance(name, str):
+            raise _fail(f"{role} names must be strings, got {name!r}")
         if name in seen:
             raise _fail(f"duplicate {role} name '{name}'")
         seen.add(name)

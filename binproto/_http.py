@@ -14,6 +14,7 @@ from ._limits import Limits
 from ._parser import Parser
 from ._raw import TensorSpec
 from ._readers import check_lengths
+from ._util import whole_number
 
 __all__ = [
     "CONTENT_ENCODING_NAME",
@@ -38,6 +39,12 @@ HEADER_LENGTH_NAME = "Inference-Header-Content-Length"
 
 # Longer than any body anyone will send: 2**53, also exact in a JSON number.
 _ABSURD = 2**53
+
+
+# The whitespace HTTP allows around a field's value (RFC 9110 5.6.3): not
+# every character str.strip() takes (a no-break space before "12" is no
+# Content-Length of 12).
+_OWS = " \t"
 
 
 def _text(value: str | bytes) -> str:
@@ -111,12 +118,12 @@ class HeaderFields:
         value = self._raw.get(wanted)
         if value is None:
             return None
-        text = (value.decode("latin-1") if isinstance(value, bytes) else value).strip()
+        text = (value.decode("latin-1") if isinstance(value, bytes) else value).strip(_OWS)
         if self._repeats and wanted in self._repeats:
             for other in self._repeats[wanted]:
-                if _text(other).strip() != text:
+                if _text(other).strip(_OWS) != text:
                     raise RemoteProtocolError(
-                        f"conflicting {name} headers: {text!r} and {_text(other).strip()!r}"
+                        f"conflicting {name} headers: {text!r} and {_text(other).strip(_OWS)!r}"
                     )
         elif value is not text:
             self._raw[wanted] = text  # decoded once: a server reads a kept head's fields again
@@ -185,11 +192,15 @@ def raw_message_headers(
     (only when binary), content-length, and content-type
     (``application/octet-stream`` with binary tensors, else ``application/json``).
     """
+    length = b"%d" % whole_number(content_length, "content_length")
     if header_length is None:
-        return [(b"content-length", b"%d" % content_length), _JSON_TYPE]
+        return [(b"content-length", length), _JSON_TYPE]
     return [
-        (b"inference-header-content-length", b"%d" % header_length),
-        (b"content-length", b"%d" % content_length),
+        (
+            b"inference-header-content-length",
+            b"%d" % whole_number(header_length, "header_length"),
+        ),
+        (b"content-length", length),
         _BINARY_TYPE,
     ]
 

@@ -81,6 +81,8 @@ def whole_number(value: Any, what: str, *, positive: bool = False) -> int:
     """``value`` as an ``int``: a whole number of any integer type (numpy's
     included; not a bool), at least 0 (at least 1 when ``positive``).
     Anything else is the caller's :class:`LocalProtocolError`, naming ``what``."""
+    if type(value) is int and value >= positive:
+        return value
     try:
         number = None if isinstance(value, bool) else operator.index(value)
     except TypeError:

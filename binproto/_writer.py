@@ -6,6 +6,8 @@ import enum
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
+import numpy as np
+
 from ._bytes import BytesFramer
 from ._encode import EncodedBody, check_parameters, dumps_header
 from ._errors import LocalProtocolError, RemoteProtocolError
@@ -209,10 +211,15 @@ class BodyWriter:
             exported = memoryview(buffer)
         except (TypeError, ValueError):  # (as_byte_view below says why, or takes it)
             exported = None
-        if exported is not None and big_endian(exported):
+        if exported is not None:
+            swapped = exported.format if big_endian(exported) else None
+        else:  # (an array memoryview cannot export, such as datetime64: its dtype says)
+            big = isinstance(buffer, np.ndarray) and buffer.dtype.byteorder == ">"
+            swapped = str(buffer.dtype) if big else None
+        if swapped is not None:
             raise self._misuse(
                 f"data for {self._label(index)} must be raw little-endian bytes, got"
-                f" values of format {exported.format!r}"
+                f" big-endian values ({swapped!r})"
             )
         try:
             view = as_byte_view(exported if exported is not None else data)

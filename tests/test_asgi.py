@@ -512,6 +512,31 @@ def test_encoded_response_starts_with_the_bodys_headers_lower_cased_then_the_cal
     assert rec.body() == bytes(body)
 
 
+@pytest.mark.parametrize(
+    "headers",
+    [
+        None,
+        5,
+        "ab",
+        [("x",)],
+        [("x-euro", "€")],
+        [("x-split", "1\r\nSet-Cookie: a=b")],
+        [(b"x-nul", b"a\x00b")],
+        [("bad name", "1")],
+        [("", "1")],
+        [(b"x:y", b"1")],
+    ],
+)
+def test_response_headers_a_server_could_not_send_as_they_are_are_the_callers_error(
+    headers: Any,
+) -> None:
+    body = binproto.encode_response({"a": np.arange(3, dtype=np.float32)}, model_name="m")
+    with pytest.raises(binproto.LocalProtocolError, match="header"):
+        asgi.EncodedResponse(body, headers=headers)
+    with pytest.raises(binproto.LocalProtocolError, match="header"):
+        asgi.BufferResponse(body.buffers, headers=headers)
+
+
 @pytest.mark.parametrize("encoding", ["gzip", "deflate", "GZIP"])
 def test_encoded_response_compresses_piece_by_piece(encoding: str) -> None:
     rng = np.random.default_rng(2)

@@ -98,6 +98,7 @@ def test_into_caller_destinations() -> None:
         np.empty(5, dtype=np.float32),  # wrong size
         np.empty((4, 6), dtype=np.float32)[:, ::2],  # not contiguous
         np.empty(24, dtype=np.float32).copy(),  # fine size but made read-only below
+        np.empty(24, dtype=">f4"),  # big-endian: the body's values are little-endian
     ],
 )
 def test_bad_destinations_are_local_errors(bad: np.ndarray[Any, Any]) -> None:

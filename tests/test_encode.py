@@ -247,6 +247,12 @@ def test_safe_cast_override_copies_once() -> None:
     assert msg.tensors["x"].dtype == np.int64 and msg.tensors["x"].tolist() == [0, 1, 2, 3]
 
 
+def _nest(value: list[Any], depth: int) -> list[Any]:
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
 @pytest.mark.parametrize(
     ("tensors", "binary", "message"),
     [
@@ -276,6 +282,14 @@ def test_safe_cast_override_copies_once() -> None:
         ({"x": [1]}, "x", "binary must be True, False or a set"),
         ({"x": [1]}, [["x"]], "binary must be True, False or a set"),  # names, unhashable
         ({"x": [1]}, {1}, "binary must be True, False or a set"),
+        # Nested past numpy's dimensions: a body no decoder could take.
+        ({"d": _nest([1.5], 40)}, True, "nested more than"),
+        ({"d": _nest([b"a"], 40)}, True, "nested more than"),
+        ({"d": _nest([b"a"], 3000)}, True, "nested more than"),
+        ([Tensor("x", "abc", ["BYTES"])], True, "unknown datatype"),  # type: ignore[arg-type]
+        ([Tensor(["x"], [1])], True, "names must be strings"),  # type: ignore[arg-type]
+        ({"x": Tensor(np.array(["x", "y"]), [1])}, True, "is a Tensor named"),  # type: ignore[arg-type]
+        ({"x": np.ma.masked_array([1, 99], mask=[False, True])}, True, "masked array"),  # type: ignore[no-untyped-call]
     ],
 )
 def test_local_errors(tensors: Any, binary: Any, message: str) -> None:

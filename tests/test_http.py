@@ -12,6 +12,7 @@ import binproto
 from binproto import (
     HEADER_LENGTH_NAME,
     BodyClaims,
+    LocalProtocolError,
     Parser,
     RemoteProtocolError,
     body_claims,
@@ -215,7 +216,11 @@ def test_parser_from_headers_passes_limits_and_raw_input() -> None:
         _parse_all(parser, too_big)
 
 
-@pytest.mark.parametrize("value", ["abc", "-1", "1.5", "", "0x10", "٣", "1" * 30])
+@pytest.mark.parametrize(
+    # (a no-break space, a vertical tab or NEL around digits is no HTTP whitespace)
+    "value",
+    ["abc", "-1", "1.5", "", "0x10", "٣", "1" * 30, "\xa012", "12\x0b", "\x8512"],
+)
 def test_parser_from_headers_bad_content_length(value: str) -> None:
     with pytest.raises(RemoteProtocolError, match="Content-Length"):
         parser_from_headers("request", {"Content-Length": value})
@@ -354,3 +359,26 @@ def test_an_encoded_body_gives_its_framing_headers_in_both_forms() -> None:
     assert body.headers == binproto.message_headers(body.header_length, body.content_length)
     assert body.raw_headers == binproto.raw_message_headers(body.header_length, body.content_length)
     assert dict(body.raw_headers)[b"content-length"] == b"%d" % len(bytes(body))
+
+
+def test_spaces_and_tabs_around_a_value_are_http_whitespace() -> None:
+    claims = binproto.body_claims(
+        [(b"content-length", b" \t12\t "), (b"content-encoding", b" gzip")]
+    )
+    assert claims.content_length == 12 and claims.content_encoding == "gzip"
+
+
+@pytest.mark.parametrize(
+    ("header_length", "content_length"),
+    [(None, 12.7), (None, "9"), (None, -1), (True, 5), (3, None), (1.0, 5), (None, True)],
+)
+def test_framing_headers_of_lengths_that_are_not_whole_numbers_are_refused(
+    header_length: Any, content_length: Any
+) -> None:
+    for make in (binproto.message_headers, binproto.raw_message_headers):
+        with pytest.raises(LocalProtocolError, match="must be a non-negative int"):
+            make(header_length, content_length)
+    assert binproto.message_headers(np.int64(3), np.uint16(7))[0] == (  # type: ignore[arg-type]
+        "Inference-Header-Content-Length",
+        "3",
+    )

@@ -290,6 +290,8 @@ def _bad_element_count(w: BodyWriter) -> None:
         (lambda w: (w.start(), w.send(True, b"1")), "no output with index True"),
         (lambda w: (w.start(), w.send("a", np.arange(4, dtype=">u1")[::2])), "C-contiguous"),
         (lambda w: (w.start(), w.send("a", np.arange(1, dtype=">u4"))), "little-endian"),
+        # (a dtype memoryview cannot export: its byte order is read from the dtype)
+        (lambda w: (w.start(), w.send("a", np.array([1], dtype=">M8[D]"))), "little-endian"),
         (lambda w: (w.start(), w.send("a", np.array([b"1"], dtype=object))), "Python objects"),
         (lambda w: (w.start(), w.send("a", "1234")), "bytes-like"),
         (_bad_prefix, "malformed BYTES data: BYTES element 0 .* claims 9 bytes"),
