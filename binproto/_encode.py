@@ -301,7 +301,8 @@ def _prepare(name: Any, value: Any, datatype: str | None, params: Any, role: str
         else:
             value = np.asarray(value)
     if isinstance(value, (np.ndarray, np.generic)):
-        if isinstance(value, np.ma.MaskedArray):
+        # (a plain array first: np.ma is looked up through numpy's module __getattr__)
+        if type(value) is not np.ndarray and isinstance(value, np.ma.MaskedArray):
             raise _fail(
                 f"{label}: a masked array has no V2 form (its mask would be dropped):"
                 " fill it first (.filled())"

@@ -210,11 +210,17 @@ _BINARY_TYPE = (b"content-type", b"application/octet-stream")
 
 
 def message_headers(header_length: int | None, content_length: int) -> list[tuple[str, str]]:
-    """:func:`raw_message_headers` as ``str`` pairs, names capitalized
-    (Inference-Header-Content-Length, Content-Length, Content-Type)."""
+    """The headers of :func:`raw_message_headers` as ``str`` pairs, names
+    capitalized: Inference-Header-Content-Length (only when binary),
+    Content-Length and Content-Type. (Made directly, not converted: a server
+    writes them for every response.)"""
+    length = str(whole_number(content_length, "content_length"))
+    if header_length is None:
+        return [("Content-Length", length), ("Content-Type", "application/json")]
     return [
-        (name.decode("ascii").title(), value.decode("ascii"))
-        for name, value in raw_message_headers(header_length, content_length)
+        (HEADER_LENGTH_NAME, str(whole_number(header_length, "header_length"))),
+        ("Content-Length", length),
+        ("Content-Type", "application/octet-stream"),
     ]
 
 
