@@ -100,13 +100,18 @@ def check_arguments(
     """Refuse arguments a parser (or a whole-body decode) cannot work with."""
     if kind not in ("request", "response"):
         raise LocalProtocolError(f"kind must be 'request' or 'response', got {kind!r}")
-    for name, value in (("header_length", header_length), ("content_length", content_length)):
-        if value is not None and (type(value) is not int or value < 0):
-            raise LocalProtocolError(f"{name} must be None or a non-negative int, got {value!r}")
+    if header_length is not None and (type(header_length) is not int or header_length < 0):
+        raise _not_a_length("header_length", header_length)
+    if content_length is not None and (type(content_length) is not int or content_length < 0):
+        raise _not_a_length("content_length", content_length)
     if limits is not None and not isinstance(limits, Limits):
         raise LocalProtocolError(f"limits must be a binproto.Limits, got {limits!r}")
     if raw_input is not None and not isinstance(raw_input, TensorSpec):
         raise LocalProtocolError(f"raw_input must be a TensorSpec, got {raw_input!r}")
+
+
+def _not_a_length(name: str, value: object) -> LocalProtocolError:
+    return LocalProtocolError(f"{name} must be None or a non-negative int, got {value!r}")
 
 
 class Parser:

@@ -886,3 +886,15 @@ def test_bytes_received_in_place_are_still_checked() -> None:
         _region_take(p, asm)
     assert info.value.offset == len(body.json) + 40 + 1
     assert p.next_tensor_region() is None
+
+
+@pytest.mark.parametrize("name", ["header_length", "content_length"])
+@pytest.mark.parametrize("bad", [-1, 1.0, "3", True, np.int64(3)])
+def test_lengths_that_are_not_non_negative_ints_are_the_callers_error(
+    name: str, bad: object
+) -> None:
+    with pytest.raises(LocalProtocolError, match=f"{name} must be None or a non-negative int"):
+        Parser("request", **{name: bad})  # type: ignore[arg-type]
+    if name == "header_length":
+        with pytest.raises(LocalProtocolError, match="header_length must be"):
+            binproto.decode_request(b"{}", header_length=bad)  # type: ignore[arg-type]
