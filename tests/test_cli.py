@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -340,6 +342,46 @@ def test_encode_usage_errors(
     code, _, err = run(["encode", spec.format(dir=tmp_path), "-o", str(tmp_path / "o")], capsys)
     assert code == 2
     assert message in err
+
+
+def _npz_member(path: Path, data: bytes) -> None:
+    """An .npz file whose one member, a.npy, holds ``data`` (stored, not compressed)."""
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("a.npy", data)
+
+
+def _npy_bytes(array: np.ndarray[Any, Any]) -> bytes:
+    out = io.BytesIO()
+    np.save(out, array, allow_pickle=True)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("member", "message"),
+    [
+        (b"not a npy file", "'a' of"),
+        (_npy_bytes(np.array([1, "x"], dtype=object)), "allow_pickle=False"),
+        (_npy_bytes(np.arange(1000.0))[:200], "cannot load 'a' of"),
+        (b"crc", "Bad CRC-32"),
+    ],
+    ids=["not-npy", "objects", "truncated", "bad-crc"],
+)
+def test_encode_refuses_an_npz_member_that_is_not_an_array(
+    member: bytes, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "m.npz"
+    if member == b"crc":
+        _npz_member(path, _npy_bytes(np.arange(10.0)))
+        raw = bytearray(path.read_bytes())
+        raw[raw.index(b"\x93NUMPY") + 100] ^= 0xFF  # a byte of the stored data
+        path.write_bytes(bytes(raw))
+    else:
+        _npz_member(path, member)
+    code, _, err = run(["encode", f"t={path}", "-o", str(tmp_path / "o.bin")], capsys)
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and message in err, err
+    assert str(path)[-20:] in err
+    assert not (tmp_path / "o.bin").exists()
 
 
 def test_encode_rejects_unknown_json_input(

@@ -479,7 +479,17 @@ def _load(spec: str) -> tuple[str, np.ndarray[Any, Any]]:
             key = keys[0]
         if key not in keys:
             raise UsageError(f"{path!r} has no array {key!r} (it has {keys})")
-        return name, np.asarray(loaded[key])
+        # A member is read only now: it may be corrupt, truncated or hold
+        # objects, and numpy hands back a member that is no .npy file as bytes.
+        try:
+            array = loaded[key]
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+            raise UsageError(
+                f"cannot load {key!r} of {path!r}: {exc or type(exc).__name__}"
+            ) from None
+        if not isinstance(array, np.ndarray):
+            raise UsageError(f"{key!r} of {path!r} is not a .npy array")
+        return name, array
 
 
 def _encode(args: argparse.Namespace) -> int:
