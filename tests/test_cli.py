@@ -468,6 +468,22 @@ def test_inspect_reports_lone_surrogates_in_peer_names(
     assert b"Traceback" not in done.stderr
 
 
+def test_inspect_json_is_strict_json_whatever_the_header_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Python's JSON reader takes NaN, Infinity and 1e999 (inf) from a peer.
+    tensor = '{"name":"x","datatype":"FP32","shape":[1],"data":[NaN]}'
+    parameters = '{"p":Infinity,"n":-Infinity,"q":1e999}'
+    path = tmp_path / "nan.json"
+    path.write_text(f'{{"inputs":[{tensor}],"parameters":{parameters}}}')
+    code, out, err = run(["inspect", str(path), "--json"], capsys)
+    assert code == 0, err
+    summary = json.loads(out, parse_constant=lambda token: pytest.fail(token))
+    json.dumps(summary, allow_nan=False)  # raises on a non-finite number left anywhere
+    assert summary["header"]["parameters"] == {"p": "inf", "n": "-inf", "q": "inf"}
+    assert summary["header"]["inputs"][0]["data"] == ["nan"]
+
+
 def test_there_is_no_bench_command(capsys: pytest.CaptureFixture[str]) -> None:
     # The benchmarks belong to a source checkout: python -m benchmarks.run there.
     with pytest.raises(SystemExit) as exc:

@@ -298,6 +298,18 @@ def inspect_body(
     return header, summaries, None, parser.bytes_parsed
 
 
+def _finite(obj: Any) -> Any:
+    """``obj`` with every non-finite float (a peer's NaN, Infinity, 1e999) as
+    the string ``"nan"``, ``"inf"`` or ``"-inf"``: strict JSON has no such numbers."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
+
+
 def _abbreviated(obj: Any, indent: int = 0) -> str:
     """Pretty JSON whose long lists of values are cut after a few items."""
     pad = "  " * indent
@@ -398,7 +410,7 @@ def _report(
             "body_bytes": parsed,
             "error": _error_dict(error) if error is not None else None,
         }
-        _echo(json.dumps(out, indent=2))
+        _echo(json.dumps(_finite(out), indent=2, allow_nan=False))
     else:
         if header is not None:
             print(f"header ({header.header_length} bytes):")
