@@ -484,6 +484,28 @@ def test_inspect_json_is_strict_json_whatever_the_header_holds(
     assert summary["header"]["inputs"][0]["data"] == ["nan"]
 
 
+def test_inspect_escapes_the_peers_control_characters(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def body(name: str, datatype: str) -> str:
+        path = tmp_path / "b.json"
+        tensor = {"name": name, "datatype": datatype, "shape": [1], "data": [1]}
+        path.write_text(json.dumps({"inputs": [tensor]}))  # (JSON escapes the controls)
+        return str(path)
+
+    # A name that would clear the screen and forge a tensor line.
+    forged = "x\x1b[2J\x1b[31mFAKE\n  [1] ok  FP32\x9b\x7f"
+    code, out, err = run(["inspect", body(forged, "FP32")], capsys)
+    assert code == 0, err
+    assert "  [0] x\\x1b[2J\\x1b[31mFAKE\\x0a  [1] ok  FP32\\x9b\\x7f  FP32" in out
+    # A datatype, quoted in the error line, that would turn the terminal red.
+    code, out2, err = run(["inspect", body("x", "FP32\x1b[31m")], capsys)
+    assert code == 1
+    assert "invalid datatype 'FP32\\x1b[31m'" in err
+    for text in (out, out2, err):
+        assert not any((ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) < 0xA0 for c in text)
+
+
 def test_there_is_no_bench_command(capsys: pytest.CaptureFixture[str]) -> None:
     # The benchmarks belong to a source checkout: python -m benchmarks.run there.
     with pytest.raises(SystemExit) as exc:

@@ -325,13 +325,23 @@ def _abbreviated(obj: Any, indent: int = 0) -> str:
     return json.dumps(obj)
 
 
+# C0 and C1 control characters and DEL, each as a \x escape.
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
+
+
+def _shown(text: str) -> str:
+    """``text`` from the peer, safe on a terminal: its control characters
+    escaped, so that it can neither move the cursor nor forge lines."""
+    return text.translate(_CONTROLS)
+
+
 def _value(v: Any) -> str:
-    return f"{v:.6g}" if isinstance(v, float) else str(v)
+    return f"{v:.6g}" if isinstance(v, float) else _shown(str(v))
 
 
 def _describe(summary: dict[str, Any]) -> str:
     lines = [
-        f"  [{summary['index']}] {summary['name']}  {summary['datatype']}"
+        f"  [{summary['index']}] {_shown(summary['name'])}  {summary['datatype']}"
         f"  shape {summary['shape']}  {summary['bytes']} bytes ({summary['where']})"
     ]
     if summary["first"]:
@@ -362,7 +372,7 @@ def _error_dict(exc: ProtocolError) -> dict[str, Any]:
 
 def _error_line(exc: ProtocolError) -> str:
     where = f" at byte {exc.offset}" if exc.offset is not None else ""
-    return f"{type(exc).__name__}{where} (status hint {exc.status_hint}): {exc.msg}"
+    return f"{type(exc).__name__}{where} (status hint {exc.status_hint}): {_shown(exc.msg)}"
 
 
 def _message_headers(args: argparse.Namespace, size: int | None) -> list[tuple[str, str]]:
