@@ -506,6 +506,18 @@ def test_inspect_escapes_the_peers_control_characters(
         assert not any((ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) < 0xA0 for c in text)
 
 
+def test_inspect_cuts_long_values_short(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    np.save(tmp_path / "w.npy", np.array([b"a" * 60_000, b"short"]))
+    body, headers = tmp_path / "w.bin", tmp_path / "w.h"
+    encoded = ["encode", f"w={tmp_path / 'w.npy'}", "-o", str(body), "--headers-out", str(headers)]
+    assert run(encoded, capsys)[0] == 0
+    code, out, err = run(["inspect", str(body), "--headers", str(headers)], capsys)
+    assert code == 0, err
+    first = next(line for line in out.splitlines() if "first:" in line)
+    shown = "b'" + "a" * 58
+    assert first == f"      first: {shown}... (60003 characters), b'short'"
+
+
 def test_there_is_no_bench_command(capsys: pytest.CaptureFixture[str]) -> None:
     # The benchmarks belong to a source checkout: python -m benchmarks.run there.
     with pytest.raises(SystemExit) as exc:

@@ -335,8 +335,17 @@ def _shown(text: str) -> str:
     return text.translate(_CONTROLS)
 
 
+#: Characters of a value shown on the terminal; a longer one is cut.
+SHOWN_CHARS = 60
+
+
 def _value(v: Any) -> str:
-    return f"{v:.6g}" if isinstance(v, float) else _shown(str(v))
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    text = _shown(str(v))
+    if len(text) > SHOWN_CHARS:  # a BYTES element may run to 64 KiB
+        return f"{text[:SHOWN_CHARS]}... ({len(text)} characters)"
+    return text
 
 
 def _describe(summary: dict[str, Any]) -> str:
