@@ -280,7 +280,10 @@ async def _whole_body_client(
         response: h11.Response | None = None
         parts: list[bytes] = []
         while True:
-            event = conn.next_event()
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise DemoError(f"the server's answer is not HTTP/1.1: {exc}") from None
             if event is h11.NEED_DATA:
                 data = await reader.read(chunk)
                 progress.add(received=len(data))
@@ -492,6 +495,10 @@ def report(results: list[DemoResult], out: TextIO) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    # What a server that answers wrongly makes binproto's client raise.
+    from binproto import ProtocolError
+    from binproto.adapters.h11 import HTTPError
+
     out = sys.stdout
     print(
         f"binproto demo: echo of a {format_size(args.size)} FP32 tensor over 127.0.0.1,"
@@ -501,7 +508,7 @@ def _demo(args: argparse.Namespace) -> int:
     )
     try:
         results = run_demo(args.size, args.chunk, progress=None if args.quiet else sys.stderr)
-    except (DemoError, ValueError) as exc:
+    except (DemoError, ValueError, HTTPError, ProtocolError) as exc:
         print(f"binproto demo: {exc}", file=sys.stderr)
         return 1
     report(results, out)
