@@ -12,12 +12,14 @@ suite of a source checkout.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import sys
+import tempfile
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -548,25 +550,66 @@ def _encode(args: argparse.Namespace) -> int:
     pieces: Any = body.buffers
     if args.encoding:
         pieces = compress_buffers(body.buffers, args.encoding)
-    out = sys.stdout.buffer if args.output in (None, "-") else open(args.output, "wb")
-    written = 0
-    try:
-        for piece in pieces:
-            out.write(piece)
-            written += len(memoryview(piece))
-        out.flush()
-    finally:
-        if out is not sys.stdout.buffer:
-            out.close()
+    if args.output in (None, "-"):
+        written = _write_pieces(sys.stdout.buffer, pieces)
+    else:
+        written = _write_file(args.output, pieces)
     if args.encoding:
         headers = [(n, str(written) if n == "Content-Length" else v) for n, v in headers]
         headers.append(("Content-Encoding", args.encoding))
     text = _format_headers(headers)
     if args.headers_out:
-        Path(args.headers_out).write_text(text, encoding="latin-1")
+        _write_file(args.headers_out, [text.encode("latin-1")])
     else:
         sys.stderr.write(text)
     return 0
+
+
+def _write_pieces(out: IO[bytes], pieces: Iterable[Any]) -> int:
+    """Write the buffers one after the other; the bytes written."""
+    written = 0
+    for piece in pieces:
+        out.write(piece)
+        written += len(memoryview(piece))
+    out.flush()
+    return written
+
+
+def _write_file(path: str, pieces: Iterable[Any]) -> int:
+    """Write the buffers to ``path`` through a temporary file beside it, put in
+    place only once whole: a write that fails (a full disk, a file size limit)
+    leaves no half-written file, and a file already at ``path`` as it was."""
+    if os.path.exists(path) and not os.path.isfile(path):
+        # A device or a pipe (/dev/null) is written, not replaced; open()
+        # refuses a directory.
+        with open(path, "wb") as out:
+            return _write_pieces(out, pieces)
+    target = os.path.realpath(path)  # a symlink's file is replaced, not the link
+    try:
+        fd, temporary = tempfile.mkstemp(
+            dir=os.path.dirname(target), prefix=f".{os.path.basename(target)}.", suffix=".tmp"
+        )
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, path) from None  # (named as given)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            written = _write_pieces(f, pieces)
+        os.chmod(temporary, _new_file_mode())  # mkstemp's file is private (0600)
+        os.replace(temporary, target)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        if isinstance(exc, OSError):
+            raise OSError(exc.errno, exc.strerror, path) from None
+        raise
+    return written
+
+
+def _new_file_mode() -> int:
+    """The mode open() would give a new file: 0666 less the umask."""
+    umask = os.umask(0)  # (the umask can only be read by setting it)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def add_encode(subparsers: Any) -> None:
