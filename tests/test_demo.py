@@ -56,6 +56,24 @@ def test_bad_size_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert "not a size" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--size", "0"], "must be positive"),
+        (["--size", "6"], "multiple of 4 bytes, got 6"),
+        (["--chunk", "0"], "must be positive"),
+    ],
+)
+def test_sizes_that_cannot_be_run_are_usage_errors(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", *argv])
+    out, err = capsys.readouterr()
+    assert exc.value.code == 2
+    assert out == "" and says in err  # refused before the banner
+
+
 def test_size_must_hold_whole_fp32_elements() -> None:
     with pytest.raises(ValueError, match="multiple of 4"):
         _demo.run_demo(1023)

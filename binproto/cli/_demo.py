@@ -90,10 +90,22 @@ def format_size(n: float) -> str:
 
 
 def _size_arg(text: str) -> int:
+    """--size: whole FP32 elements, at least one (argparse's ``type``)."""
+    size = _chunk_arg(text)
+    if size % 4:
+        raise argparse.ArgumentTypeError(f"the size must be a multiple of 4 bytes, got {size}")
+    return size
+
+
+def _chunk_arg(text: str) -> int:
+    """--chunk: a size of at least one byte (argparse's ``type``)."""
     try:
-        return parse_size(text)
+        size = parse_size(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"the size must be positive, got {text!r}")
+    return size
 
 
 # -- memory --------------------------------------------------------------------
@@ -529,7 +541,7 @@ def add_demo(subparsers: Any) -> None:
     )
     p.add_argument(
         "--chunk",
-        type=_size_arg,
+        type=_chunk_arg,
         default=MiB,
         help="bytes per client socket read and write, e.g. 64KiB (default 1MiB)",
     )
