@@ -1,12 +1,12 @@
-"""The ``inspect``, ``encode`` and ``bench`` commands of the ``binproto`` CLI.
+"""The ``inspect`` and ``encode`` commands of the ``binproto`` CLI.
 
 ``inspect`` streams a body through a :class:`~binproto.Parser` in 1 MiB
 reads, so a body of any size is summarized in bounded memory: per tensor it
 keeps the first few values and running min/max/mean, never the tensor.
 ``encode`` builds a body from ``.npy``/``.npz`` files with
 :func:`binproto.encode_request` / :func:`binproto.encode_response` and writes
-its buffers one after the other, never joined. ``bench`` runs the benchmark
-suite of a source checkout.
+its buffers one after the other, never joined. (The benchmarks are no
+command: they belong to a source checkout, ``python -m benchmarks.run``.)
 """
 
 from __future__ import annotations
