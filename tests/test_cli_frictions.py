@@ -73,6 +73,14 @@ def test_ctrl_c_stops_a_server_quietly(argv: list[str], ready: bytes) -> None:
     assert b"Traceback" not in result.stderr and b"KeyboardInterrupt" not in result.stderr
 
 
+@pytest.mark.skipif(not socket.has_ipv6, reason="needs IPv6")
+def test_serve_brackets_an_ipv6_address_in_its_url() -> None:
+    argv = [sys.executable, "-m", "binproto", "serve", "--host", "::1", "--port", "0"]
+    result = _interrupted_after_start(argv, b"serving")
+    assert result.returncode == 0, result.stderr
+    assert b"serving V2 on http://[::1]:" in result.stdout, result.stdout
+
+
 def test_ctrl_c_stops_the_fastapi_example_quietly() -> None:
     import socket
 

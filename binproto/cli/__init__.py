@@ -19,8 +19,11 @@ __all__ = ["build_parser", "main"]
 
 
 def _serve(args: argparse.Namespace) -> int:
+    # An IPv6 literal is bracketed in a URL (RFC 3986): http://[::1]:8000.
+    host = f"[{args.host}]" if ":" in args.host else args.host
+
     def ready(port: int) -> None:
-        print(f"binproto: serving V2 on http://{args.host}:{port}", flush=True)
+        print(f"binproto: serving V2 on http://{host}:{port}", flush=True)
 
     from binproto.adapters._server import Timeouts, V2Server
 
