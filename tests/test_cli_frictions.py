@@ -315,6 +315,39 @@ def test_encode_writes_through_a_symlink_and_into_a_device(tmp_path: Path) -> No
     assert (tmp_path / "body.bin").read_bytes().startswith(b"{")
 
 
+@pytest.mark.parametrize(
+    ("argv", "closed", "code", "says"),
+    [
+        (["encode", "x=a.npy"], ">&-", 1, "binproto encode: standard output is closed"),
+        (
+            ["inspect", "-"],
+            "<&-",
+            2,
+            "binproto inspect: cannot read body '-': standard input is closed",
+        ),
+        (["inspect", "a.npy"], ">&-", 1, "binproto inspect: standard output is closed"),
+        (["encode", "x=a.npy"], "2>&-", 1, ""),  # (no stderr to say it on)
+    ],
+)
+def test_a_closed_standard_stream_is_one_line(
+    argv: list[str], closed: str, code: int, says: str, tmp_path: Path
+) -> None:
+    np.save(tmp_path / "a.npy", np.zeros(4, dtype=np.float32))
+    # The shell starts the command with the stream closed: sys.stdout etc. are None.
+    command = [sys.executable, "-m", "binproto", *argv]
+    result = subprocess.run(
+        ["sh", "-c", f'exec "$@" {closed}', "sh", *command],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        timeout=60,
+    )
+    assert result.returncode == code, result.stderr
+    assert result.stderr.decode() == (says and says + "\n")
+    if closed == "2>&-":  # stdout holds the body, and nothing else
+        assert result.stdout.endswith(bytes(16)) and b"binproto" not in result.stdout
+
+
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_an_address_that_cannot_be_served_is_a_one_line_error(backend: str) -> None:
     _one_line_error(_cli("serve", "--port", "99999"), "serve", "a port is 0 to 65535")

@@ -162,6 +162,13 @@ def interrupted(exc: BaseException) -> bool:
     return bool(inner) and all(interrupted(e) for e in inner)
 
 
+def _complain(line: str) -> None:
+    """Print ``line`` on stderr, unless the process started with stderr closed
+    (print() would put it on stdout, maybe into a body written there)."""
+    if sys.stderr is not None:
+        print(line, file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``binproto`` console script.
 
@@ -172,11 +179,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         result: int = args.func(args)
-        sys.stdout.flush()
+        if sys.stdout is not None:  # (None: started with stdout closed)
+            sys.stdout.flush()
     except ModuleNotFoundError as exc:
         if "binproto[" not in str(exc):
             raise
-        print(f"binproto {args.command}: {exc}", file=sys.stderr)
+        _complain(f"binproto {args.command}: {exc}")
         return 2
     except BrokenPipeError:
         # Nobody reads our output any more: point stdout at nothing so that the
@@ -188,6 +196,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A file that cannot be opened or written, an address that cannot be
         # bound or resolved, more memory than there is: one line, not a traceback.
         reason = str(exc) or type(exc).__name__
-        print(f"binproto {args.command}: {reason}", file=sys.stderr)
+        _complain(f"binproto {args.command}: {reason}")
         return 1
     return result

@@ -247,9 +247,21 @@ def _chunks(stream: IO[bytes]) -> Iterator[bytes]:
         yield data
 
 
+def _standard(name: str) -> Any:
+    """``sys.stdout`` or ``sys.stderr`` for output the command must write: a
+    process started with the stream closed (``>&-``) has None there."""
+    stream = getattr(sys, name)
+    if stream is None:
+        what = {"stdout": "standard output", "stderr": "standard error"}[name]
+        raise OSError(f"{what} is closed")
+    return stream
+
+
 def _open_input(path: str) -> tuple[IO[bytes], int | None]:
     """The body's stream and, for a regular file, its length."""
     if path == "-":
+        if sys.stdin is None:  # started with stdin closed (<&-)
+            raise UsageError("cannot read body '-': standard input is closed")
         return sys.stdin.buffer, None
     try:
         f = open(path, "rb")
@@ -364,10 +376,14 @@ def _describe(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _echo(text: str, file: IO[str] | None = None) -> None:
-    """Print ``text``, escaping what the stream cannot encode: names and
-    messages come from the peer, and a JSON string may hold a lone surrogate."""
-    stream = file if file is not None else sys.stdout
+def _echo(text: str, *, err: bool = False) -> None:
+    """Print ``text`` on stdout (stderr with ``err``), escaping what the stream
+    cannot encode: names and messages come from the peer, and a JSON string may
+    hold a lone surrogate. A stream closed when the process started is None:
+    nothing is printed (print() would fall back to stdout)."""
+    stream = sys.stderr if err else sys.stdout
+    if stream is None:
+        return
     encoding = getattr(stream, "encoding", None) or "utf-8"
     print(text.encode(encoding, "backslashreplace").decode(encoding), file=stream)
 
@@ -401,6 +417,7 @@ def _message_headers(args: argparse.Namespace, size: int | None) -> list[tuple[s
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    _standard("stdout")  # where the report goes
     stream, size = _open_input(args.body)
     try:
         try:
@@ -410,7 +427,7 @@ def _inspect(args: argparse.Namespace) -> int:
             return _report(args, None, [], exc, 0)
         header, summaries, error, parsed = inspect_body(parser, _chunks(stream))
     finally:
-        if stream is not sys.stdin.buffer:
+        if args.body != "-":
             stream.close()
     return _report(args, header, summaries, error, parsed)
 
@@ -442,7 +459,7 @@ def _report(
         if error is None:
             print(f"body: {parsed} bytes, complete")
     if error is not None:
-        _echo(_error_line(error), file=sys.stderr)
+        _echo(_error_line(error), err=True)
         return 1
     return 0
 
@@ -551,7 +568,7 @@ def _encode(args: argparse.Namespace) -> int:
     if args.encoding:
         pieces = compress_buffers(body.buffers, args.encoding)
     if args.output in (None, "-"):
-        written = _write_pieces(sys.stdout.buffer, pieces)
+        written = _write_pieces(_standard("stdout").buffer, pieces)
     else:
         written = _write_file(args.output, pieces)
     if args.encoding:
@@ -561,7 +578,7 @@ def _encode(args: argparse.Namespace) -> int:
     if args.headers_out:
         _write_file(args.headers_out, [text.encode("latin-1")])
     else:
-        sys.stderr.write(text)
+        _standard("stderr").write(text)
     return 0
 
 
@@ -654,7 +671,7 @@ def _run(command: Any) -> Any:
         try:
             result: int = command(args)
         except (UsageError, LocalProtocolError) as exc:
-            _echo(f"binproto {args.command}: {exc}", file=sys.stderr)
+            _echo(f"binproto {args.command}: {exc}", err=True)
             return 2
         return result
 
