@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -342,6 +344,46 @@ def test_encode_usage_errors(
     assert message in err
 
 
+def _npz_member(path: Path, data: bytes) -> None:
+    """An .npz file whose one member, a.npy, holds ``data`` (stored, not compressed)."""
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("a.npy", data)
+
+
+def _npy_bytes(array: np.ndarray[Any, Any]) -> bytes:
+    out = io.BytesIO()
+    np.save(out, array, allow_pickle=True)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("member", "message"),
+    [
+        (b"not a npy file", "'a' of"),
+        (_npy_bytes(np.array([1, "x"], dtype=object)), "allow_pickle=False"),
+        (_npy_bytes(np.arange(1000.0))[:200], "cannot load 'a' of"),
+        (b"crc", "Bad CRC-32"),
+    ],
+    ids=["not-npy", "objects", "truncated", "bad-crc"],
+)
+def test_encode_refuses_an_npz_member_that_is_not_an_array(
+    member: bytes, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "m.npz"
+    if member == b"crc":
+        _npz_member(path, _npy_bytes(np.arange(10.0)))
+        raw = bytearray(path.read_bytes())
+        raw[raw.index(b"\x93NUMPY") + 100] ^= 0xFF  # a byte of the stored data
+        path.write_bytes(bytes(raw))
+    else:
+        _npz_member(path, member)
+    code, _, err = run(["encode", f"t={path}", "-o", str(tmp_path / "o.bin")], capsys)
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and message in err, err
+    assert str(path)[-20:] in err
+    assert not (tmp_path / "o.bin").exists()
+
+
 def test_encode_rejects_unknown_json_input(
     tmp_path: Path, arrays: dict[str, np.ndarray[Any, Any]], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -424,6 +466,56 @@ def test_inspect_reports_lone_surrogates_in_peer_names(
     assert done.returncode == 1, done.stderr
     assert b"The surrogate pair in string is invalid" in done.stderr
     assert b"Traceback" not in done.stderr
+
+
+def test_inspect_json_is_strict_json_whatever_the_header_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Python's JSON reader takes NaN, Infinity and 1e999 (inf) from a peer.
+    tensor = '{"name":"x","datatype":"FP32","shape":[1],"data":[NaN]}'
+    parameters = '{"p":Infinity,"n":-Infinity,"q":1e999}'
+    path = tmp_path / "nan.json"
+    path.write_text(f'{{"inputs":[{tensor}],"parameters":{parameters}}}')
+    code, out, err = run(["inspect", str(path), "--json"], capsys)
+    assert code == 0, err
+    summary = json.loads(out, parse_constant=lambda token: pytest.fail(token))
+    json.dumps(summary, allow_nan=False)  # raises on a non-finite number left anywhere
+    assert summary["header"]["parameters"] == {"p": "inf", "n": "-inf", "q": "inf"}
+    assert summary["header"]["inputs"][0]["data"] == ["nan"]
+
+
+def test_inspect_escapes_the_peers_control_characters(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def body(name: str, datatype: str) -> str:
+        path = tmp_path / "b.json"
+        tensor = {"name": name, "datatype": datatype, "shape": [1], "data": [1]}
+        path.write_text(json.dumps({"inputs": [tensor]}))  # (JSON escapes the controls)
+        return str(path)
+
+    # A name that would clear the screen and forge a tensor line.
+    forged = "x\x1b[2J\x1b[31mFAKE\n  [1] ok  FP32\x9b\x7f"
+    code, out, err = run(["inspect", body(forged, "FP32")], capsys)
+    assert code == 0, err
+    assert "  [0] x\\x1b[2J\\x1b[31mFAKE\\x0a  [1] ok  FP32\\x9b\\x7f  FP32" in out
+    # A datatype, quoted in the error line, that would turn the terminal red.
+    code, out2, err = run(["inspect", body("x", "FP32\x1b[31m")], capsys)
+    assert code == 1
+    assert "invalid datatype 'FP32\\x1b[31m'" in err
+    for text in (out, out2, err):
+        assert not any((ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) < 0xA0 for c in text)
+
+
+def test_inspect_cuts_long_values_short(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    np.save(tmp_path / "w.npy", np.array([b"a" * 60_000, b"short"]))
+    body, headers = tmp_path / "w.bin", tmp_path / "w.h"
+    encoded = ["encode", f"w={tmp_path / 'w.npy'}", "-o", str(body), "--headers-out", str(headers)]
+    assert run(encoded, capsys)[0] == 0
+    code, out, err = run(["inspect", str(body), "--headers", str(headers)], capsys)
+    assert code == 0, err
+    first = next(line for line in out.splitlines() if "first:" in line)
+    shown = "b'" + "a" * 58
+    assert first == f"      first: {shown}... (60003 characters), b'short'"
 
 
 def test_there_is_no_bench_command(capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -70,6 +71,14 @@ def test_ctrl_c_stops_a_server_quietly(argv: list[str], ready: bytes) -> None:
     result = _interrupted_after_start(argv, ready)
     assert result.returncode == 0, result.stderr
     assert b"Traceback" not in result.stderr and b"KeyboardInterrupt" not in result.stderr
+
+
+@pytest.mark.skipif(not socket.has_ipv6, reason="needs IPv6")
+def test_serve_brackets_an_ipv6_address_in_its_url() -> None:
+    argv = [sys.executable, "-m", "binproto", "serve", "--host", "::1", "--port", "0"]
+    result = _interrupted_after_start(argv, b"serving")
+    assert result.returncode == 0, result.stderr
+    assert b"serving V2 on http://[::1]:" in result.stdout, result.stdout
 
 
 def test_ctrl_c_stops_the_fastapi_example_quietly() -> None:
@@ -223,7 +232,17 @@ def test_inspect_without_the_header_length_points_at_it(tmp_path: Path) -> None:
     assert "Inference-Header-Content-Length" in result.stdout + result.stderr
 
 
-def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+def _cli(
+    *args: str, cwd: Path = ROOT, file_limit: int | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the command; with ``file_limit``, files it writes are limited to that
+    many bytes (writing more: EFBIG, as on a full disk; Python ignores the
+    SIGXFSZ that would kill it)."""
+
+    def limit_files() -> None:
+        if file_limit is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit, file_limit))
+
     return subprocess.run(
         [sys.executable, "-m", "binproto", *args],
         cwd=cwd,
@@ -231,6 +250,7 @@ def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=60,
+        preexec_fn=limit_files,
     )
 
 
@@ -254,6 +274,78 @@ def test_bad_files_and_outputs_are_one_line_errors(tmp_path: Path) -> None:
     ]
     for argv, says in cases:
         _one_line_error(_cli(*argv, cwd=tmp_path), "encode", says)
+
+
+def test_a_failed_encode_leaves_no_half_written_file(tmp_path: Path) -> None:
+    np.save(tmp_path / "a.npy", np.zeros(4096, dtype=np.float32))
+    (tmp_path / "o.bin").write_bytes(b"earlier body")
+    (tmp_path / "o.h").write_bytes(b"earlier headers")
+    before = sorted(os.listdir(tmp_path))
+    # A 16 KiB body over an 8 KiB limit: the write fails part way.
+    result = _cli("encode", "x=a.npy", "-o", "o.bin", cwd=tmp_path, file_limit=8192)
+    _one_line_error(result, "encode", "File too large: 'o.bin'")
+    assert result.returncode == 1
+    assert (tmp_path / "o.bin").read_bytes() == b"earlier body"
+    # The headers file too (the body, to stdout, is no file).
+    result = _cli("encode", "x=a.npy", "--headers-out", "o.h", cwd=tmp_path, file_limit=40)
+    _one_line_error(result, "encode", "File too large: 'o.h'")
+    assert (tmp_path / "o.h").read_bytes() == b"earlier headers"
+    assert sorted(os.listdir(tmp_path)) == before  # no temporary file left behind
+    # A successful encode replaces both, as a new file of the usual mode.
+    done = _cli("encode", "x=a.npy", "-o", "o.bin", "--headers-out", "o.h", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "o.bin").stat().st_size > 16384
+    assert "Content-Length: " in (tmp_path / "o.h").read_text()
+    assert sorted(os.listdir(tmp_path)) == before
+    assert (tmp_path / "o.bin").stat().st_mode & 0o777 == (
+        tmp_path / "a.npy"
+    ).stat().st_mode & 0o777
+
+
+def test_encode_writes_through_a_symlink_and_into_a_device(tmp_path: Path) -> None:
+    np.save(tmp_path / "a.npy", np.zeros(4, dtype=np.float32))
+    (tmp_path / "body.bin").write_bytes(b"old")
+    (tmp_path / "link.bin").symlink_to("body.bin")
+    done = _cli("encode", "x=a.npy", "-o", os.devnull, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert not os.path.isfile(os.devnull)  # written to, not replaced by a file
+    done = _cli("encode", "x=a.npy", "-o", "link.bin", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "link.bin").is_symlink()
+    assert (tmp_path / "body.bin").read_bytes().startswith(b"{")
+
+
+@pytest.mark.parametrize(
+    ("argv", "closed", "code", "says"),
+    [
+        (["encode", "x=a.npy"], ">&-", 1, "binproto encode: standard output is closed"),
+        (
+            ["inspect", "-"],
+            "<&-",
+            2,
+            "binproto inspect: cannot read body '-': standard input is closed",
+        ),
+        (["inspect", "a.npy"], ">&-", 1, "binproto inspect: standard output is closed"),
+        (["encode", "x=a.npy"], "2>&-", 1, ""),  # (no stderr to say it on)
+    ],
+)
+def test_a_closed_standard_stream_is_one_line(
+    argv: list[str], closed: str, code: int, says: str, tmp_path: Path
+) -> None:
+    np.save(tmp_path / "a.npy", np.zeros(4, dtype=np.float32))
+    # The shell starts the command with the stream closed: sys.stdout etc. are None.
+    command = [sys.executable, "-m", "binproto", *argv]
+    result = subprocess.run(
+        ["sh", "-c", f'exec "$@" {closed}', "sh", *command],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        timeout=60,
+    )
+    assert result.returncode == code, result.stderr
+    assert result.stderr.decode() == (says and says + "\n")
+    if closed == "2>&-":  # stdout holds the body, and nothing else
+        assert result.stdout.endswith(bytes(16)) and b"binproto" not in result.stdout
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])

@@ -56,6 +56,24 @@ def test_bad_size_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert "not a size" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--size", "0"], "must be positive"),
+        (["--size", "6"], "multiple of 4 bytes, got 6"),
+        (["--chunk", "0"], "must be positive"),
+    ],
+)
+def test_sizes_that_cannot_be_run_are_usage_errors(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", *argv])
+    out, err = capsys.readouterr()
+    assert exc.value.code == 2
+    assert out == "" and says in err  # refused before the banner
+
+
 def test_size_must_hold_whole_fp32_elements() -> None:
     with pytest.raises(ValueError, match="multiple of 4"):
         _demo.run_demo(1023)
@@ -126,6 +144,68 @@ def test_a_wrong_echo_is_detected(client: str) -> None:
 
     with pytest.raises(_demo.DemoError, match="differ"):
         asyncio.run(scenario())
+
+
+# Servers that answer the demo wrongly, each a script printing its port.
+_SERVE = (
+    "async def run():\n"
+    "    server = await start()\n"
+    "    print('PORT', server.sockets[0].getsockname()[1], flush=True)\n"
+    "    await server.serve_forever()\n"
+    "asyncio.run(run())\n"
+)
+_FAILING_ECHO = (
+    "import asyncio\n"
+    "from binproto.adapters.asyncio import Model, V2Server, start_server\n"
+    "async def fail(request):\n"
+    "    raise RuntimeError('the model failed')\n"
+    "def start():\n"
+    "    return start_server(V2Server(models=[Model('echo', fail)]), port=0)\n"
+) + _SERVE
+_NOT_HTTP = (
+    "import asyncio\n"
+    "async def answer(reader, writer):\n"
+    "    writer.write(b'garbage\\r\\n\\r\\n')\n"
+    "    while await reader.read(1 << 16):\n"
+    "        pass  # the whole request, so that the client reads the answer\n"
+    "    writer.close()\n"
+    "def start():\n"
+    "    return asyncio.start_server(answer, '127.0.0.1', 0)\n"
+) + _SERVE
+
+
+@pytest.mark.parametrize(
+    ("path", "script", "says"),
+    [
+        ("streaming", _FAILING_ECHO, "HTTP 500"),
+        ("streaming", _NOT_HTTP, "garbage"),
+        ("whole-body", _NOT_HTTP, "not HTTP/1.1"),
+    ],
+    ids=["http-error", "streaming-not-http", "whole-body-not-http"],
+)
+def test_a_server_that_answers_wrongly_is_one_line(
+    path: str,
+    script: str,
+    says: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    real_start = _demo._start_server
+
+    def start(which: str, chunk: int) -> tuple[subprocess.Popen[bytes], int]:
+        if which != path:
+            return real_start(which, chunk)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
+        assert proc.stdout is not None
+        return proc, int(proc.stdout.readline().split()[1])
+
+    monkeypatch.setattr(_demo, "_start_server", start)
+    code = main(["demo", "--size", "64KiB", "--quiet"])
+    err = capfd.readouterr().err
+    assert code == 1
+    assert err.count("\n") == 1 and err.startswith("binproto demo: ") and says in err, err
 
 
 def test_progress_lines_are_throttled() -> None:

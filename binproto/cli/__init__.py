@@ -19,8 +19,11 @@ __all__ = ["build_parser", "main"]
 
 
 def _serve(args: argparse.Namespace) -> int:
+    # An IPv6 literal is bracketed in a URL (RFC 3986): http://[::1]:8000.
+    host = f"[{args.host}]" if ":" in args.host else args.host
+
     def ready(port: int) -> None:
-        print(f"binproto: serving V2 on http://{args.host}:{port}", flush=True)
+        print(f"binproto: serving V2 on http://{host}:{port}", flush=True)
 
     from binproto.adapters._server import Timeouts, V2Server
 
@@ -159,6 +162,13 @@ def interrupted(exc: BaseException) -> bool:
     return bool(inner) and all(interrupted(e) for e in inner)
 
 
+def _complain(line: str) -> None:
+    """Print ``line`` on stderr, unless the process started with stderr closed
+    (print() would put it on stdout, maybe into a body written there)."""
+    if sys.stderr is not None:
+        print(line, file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``binproto`` console script.
 
@@ -169,11 +179,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         result: int = args.func(args)
-        sys.stdout.flush()
+        if sys.stdout is not None:  # (None: started with stdout closed)
+            sys.stdout.flush()
     except ModuleNotFoundError as exc:
         if "binproto[" not in str(exc):
             raise
-        print(f"binproto {args.command}: {exc}", file=sys.stderr)
+        _complain(f"binproto {args.command}: {exc}")
         return 2
     except BrokenPipeError:
         # Nobody reads our output any more: point stdout at nothing so that the
@@ -185,6 +196,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A file that cannot be opened or written, an address that cannot be
         # bound or resolved, more memory than there is: one line, not a traceback.
         reason = str(exc) or type(exc).__name__
-        print(f"binproto {args.command}: {reason}", file=sys.stderr)
+        _complain(f"binproto {args.command}: {reason}")
         return 1
     return result

@@ -1,23 +1,25 @@
-"""The ``inspect``, ``encode`` and ``bench`` commands of the ``binproto`` CLI.
+"""The ``inspect`` and ``encode`` commands of the ``binproto`` CLI.
 
 ``inspect`` streams a body through a :class:`~binproto.Parser` in 1 MiB
 reads, so a body of any size is summarized in bounded memory: per tensor it
 keeps the first few values and running min/max/mean, never the tensor.
 ``encode`` builds a body from ``.npy``/``.npz`` files with
 :func:`binproto.encode_request` / :func:`binproto.encode_response` and writes
-its buffers one after the other, never joined. ``bench`` runs the benchmark
-suite of a source checkout.
+its buffers one after the other, never joined. (The benchmarks are no
+command: they belong to a source checkout, ``python -m benchmarks.run``.)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import sys
+import tempfile
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -245,9 +247,21 @@ def _chunks(stream: IO[bytes]) -> Iterator[bytes]:
         yield data
 
 
+def _standard(name: str) -> Any:
+    """``sys.stdout`` or ``sys.stderr`` for output the command must write: a
+    process started with the stream closed (``>&-``) has None there."""
+    stream = getattr(sys, name)
+    if stream is None:
+        what = {"stdout": "standard output", "stderr": "standard error"}[name]
+        raise OSError(f"{what} is closed")
+    return stream
+
+
 def _open_input(path: str) -> tuple[IO[bytes], int | None]:
     """The body's stream and, for a regular file, its length."""
     if path == "-":
+        if sys.stdin is None:  # started with stdin closed (<&-)
+            raise UsageError("cannot read body '-': standard input is closed")
         return sys.stdin.buffer, None
     try:
         f = open(path, "rb")
@@ -298,6 +312,18 @@ def inspect_body(
     return header, summaries, None, parser.bytes_parsed
 
 
+def _finite(obj: Any) -> Any:
+    """``obj`` with every non-finite float (a peer's NaN, Infinity, 1e999) as
+    the string ``"nan"``, ``"inf"`` or ``"-inf"``: strict JSON has no such numbers."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
+
+
 def _abbreviated(obj: Any, indent: int = 0) -> str:
     """Pretty JSON whose long lists of values are cut after a few items."""
     pad = "  " * indent
@@ -313,13 +339,32 @@ def _abbreviated(obj: Any, indent: int = 0) -> str:
     return json.dumps(obj)
 
 
+# C0 and C1 control characters and DEL, each as a \x escape.
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
+
+
+def _shown(text: str) -> str:
+    """``text`` from the peer, safe on a terminal: its control characters
+    escaped, so that it can neither move the cursor nor forge lines."""
+    return text.translate(_CONTROLS)
+
+
+#: Characters of a value shown on the terminal; a longer one is cut.
+SHOWN_CHARS = 60
+
+
 def _value(v: Any) -> str:
-    return f"{v:.6g}" if isinstance(v, float) else str(v)
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    text = _shown(str(v))
+    if len(text) > SHOWN_CHARS:  # a BYTES element may run to 64 KiB
+        return f"{text[:SHOWN_CHARS]}... ({len(text)} characters)"
+    return text
 
 
 def _describe(summary: dict[str, Any]) -> str:
     lines = [
-        f"  [{summary['index']}] {summary['name']}  {summary['datatype']}"
+        f"  [{summary['index']}] {_shown(summary['name'])}  {summary['datatype']}"
         f"  shape {summary['shape']}  {summary['bytes']} bytes ({summary['where']})"
     ]
     if summary["first"]:
@@ -331,10 +376,14 @@ def _describe(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _echo(text: str, file: IO[str] | None = None) -> None:
-    """Print ``text``, escaping what the stream cannot encode: names and
-    messages come from the peer, and a JSON string may hold a lone surrogate."""
-    stream = file if file is not None else sys.stdout
+def _echo(text: str, *, err: bool = False) -> None:
+    """Print ``text`` on stdout (stderr with ``err``), escaping what the stream
+    cannot encode: names and messages come from the peer, and a JSON string may
+    hold a lone surrogate. A stream closed when the process started is None:
+    nothing is printed (print() would fall back to stdout)."""
+    stream = sys.stderr if err else sys.stdout
+    if stream is None:
+        return
     encoding = getattr(stream, "encoding", None) or "utf-8"
     print(text.encode(encoding, "backslashreplace").decode(encoding), file=stream)
 
@@ -350,7 +399,7 @@ def _error_dict(exc: ProtocolError) -> dict[str, Any]:
 
 def _error_line(exc: ProtocolError) -> str:
     where = f" at byte {exc.offset}" if exc.offset is not None else ""
-    return f"{type(exc).__name__}{where} (status hint {exc.status_hint}): {exc.msg}"
+    return f"{type(exc).__name__}{where} (status hint {exc.status_hint}): {_shown(exc.msg)}"
 
 
 def _message_headers(args: argparse.Namespace, size: int | None) -> list[tuple[str, str]]:
@@ -368,6 +417,7 @@ def _message_headers(args: argparse.Namespace, size: int | None) -> list[tuple[s
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    _standard("stdout")  # where the report goes
     stream, size = _open_input(args.body)
     try:
         try:
@@ -377,7 +427,7 @@ def _inspect(args: argparse.Namespace) -> int:
             return _report(args, None, [], exc, 0)
         header, summaries, error, parsed = inspect_body(parser, _chunks(stream))
     finally:
-        if stream is not sys.stdin.buffer:
+        if args.body != "-":
             stream.close()
     return _report(args, header, summaries, error, parsed)
 
@@ -398,7 +448,7 @@ def _report(
             "body_bytes": parsed,
             "error": _error_dict(error) if error is not None else None,
         }
-        _echo(json.dumps(out, indent=2))
+        _echo(json.dumps(_finite(out), indent=2, allow_nan=False))
     else:
         if header is not None:
             print(f"header ({header.header_length} bytes):")
@@ -409,7 +459,7 @@ def _report(
         if error is None:
             print(f"body: {parsed} bytes, complete")
     if error is not None:
-        _echo(_error_line(error), file=sys.stderr)
+        _echo(_error_line(error), err=True)
         return 1
     return 0
 
@@ -479,7 +529,17 @@ def _load(spec: str) -> tuple[str, np.ndarray[Any, Any]]:
             key = keys[0]
         if key not in keys:
             raise UsageError(f"{path!r} has no array {key!r} (it has {keys})")
-        return name, np.asarray(loaded[key])
+        # A member is read only now: it may be corrupt, truncated or hold
+        # objects, and numpy hands back a member that is no .npy file as bytes.
+        try:
+            array = loaded[key]
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+            raise UsageError(
+                f"cannot load {key!r} of {path!r}: {exc or type(exc).__name__}"
+            ) from None
+        if not isinstance(array, np.ndarray):
+            raise UsageError(f"{key!r} of {path!r} is not a .npy array")
+        return name, array
 
 
 def _encode(args: argparse.Namespace) -> int:
@@ -507,25 +567,66 @@ def _encode(args: argparse.Namespace) -> int:
     pieces: Any = body.buffers
     if args.encoding:
         pieces = compress_buffers(body.buffers, args.encoding)
-    out = sys.stdout.buffer if args.output in (None, "-") else open(args.output, "wb")
-    written = 0
-    try:
-        for piece in pieces:
-            out.write(piece)
-            written += len(memoryview(piece))
-        out.flush()
-    finally:
-        if out is not sys.stdout.buffer:
-            out.close()
+    if args.output in (None, "-"):
+        written = _write_pieces(_standard("stdout").buffer, pieces)
+    else:
+        written = _write_file(args.output, pieces)
     if args.encoding:
         headers = [(n, str(written) if n == "Content-Length" else v) for n, v in headers]
         headers.append(("Content-Encoding", args.encoding))
     text = _format_headers(headers)
     if args.headers_out:
-        Path(args.headers_out).write_text(text, encoding="latin-1")
+        _write_file(args.headers_out, [text.encode("latin-1")])
     else:
-        sys.stderr.write(text)
+        _standard("stderr").write(text)
     return 0
+
+
+def _write_pieces(out: IO[bytes], pieces: Iterable[Any]) -> int:
+    """Write the buffers one after the other; the bytes written."""
+    written = 0
+    for piece in pieces:
+        out.write(piece)
+        written += len(memoryview(piece))
+    out.flush()
+    return written
+
+
+def _write_file(path: str, pieces: Iterable[Any]) -> int:
+    """Write the buffers to ``path`` through a temporary file beside it, put in
+    place only once whole: a write that fails (a full disk, a file size limit)
+    leaves no half-written file, and a file already at ``path`` as it was."""
+    if os.path.exists(path) and not os.path.isfile(path):
+        # A device or a pipe (/dev/null) is written, not replaced; open()
+        # refuses a directory.
+        with open(path, "wb") as out:
+            return _write_pieces(out, pieces)
+    target = os.path.realpath(path)  # a symlink's file is replaced, not the link
+    try:
+        fd, temporary = tempfile.mkstemp(
+            dir=os.path.dirname(target), prefix=f".{os.path.basename(target)}.", suffix=".tmp"
+        )
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, path) from None  # (named as given)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            written = _write_pieces(f, pieces)
+        os.chmod(temporary, _new_file_mode())  # mkstemp's file is private (0600)
+        os.replace(temporary, target)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        if isinstance(exc, OSError):
+            raise OSError(exc.errno, exc.strerror, path) from None
+        raise
+    return written
+
+
+def _new_file_mode() -> int:
+    """The mode open() would give a new file: 0666 less the umask."""
+    umask = os.umask(0)  # (the umask can only be read by setting it)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def add_encode(subparsers: Any) -> None:
@@ -570,7 +671,7 @@ def _run(command: Any) -> Any:
         try:
             result: int = command(args)
         except (UsageError, LocalProtocolError) as exc:
-            _echo(f"binproto {args.command}: {exc}", file=sys.stderr)
+            _echo(f"binproto {args.command}: {exc}", err=True)
             return 2
         return result
 

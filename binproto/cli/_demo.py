@@ -90,10 +90,22 @@ def format_size(n: float) -> str:
 
 
 def _size_arg(text: str) -> int:
+    """--size: whole FP32 elements, at least one (argparse's ``type``)."""
+    size = _chunk_arg(text)
+    if size % 4:
+        raise argparse.ArgumentTypeError(f"the size must be a multiple of 4 bytes, got {size}")
+    return size
+
+
+def _chunk_arg(text: str) -> int:
+    """--chunk: a size of at least one byte (argparse's ``type``)."""
     try:
-        return parse_size(text)
+        size = parse_size(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"the size must be positive, got {text!r}")
+    return size
 
 
 # -- memory --------------------------------------------------------------------
@@ -280,7 +292,10 @@ async def _whole_body_client(
         response: h11.Response | None = None
         parts: list[bytes] = []
         while True:
-            event = conn.next_event()
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise DemoError(f"the server's answer is not HTTP/1.1: {exc}") from None
             if event is h11.NEED_DATA:
                 data = await reader.read(chunk)
                 progress.add(received=len(data))
@@ -492,6 +507,10 @@ def report(results: list[DemoResult], out: TextIO) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    # What a server that answers wrongly makes binproto's client raise.
+    from binproto import ProtocolError
+    from binproto.adapters.h11 import HTTPError
+
     out = sys.stdout
     print(
         f"binproto demo: echo of a {format_size(args.size)} FP32 tensor over 127.0.0.1,"
@@ -501,7 +520,7 @@ def _demo(args: argparse.Namespace) -> int:
     )
     try:
         results = run_demo(args.size, args.chunk, progress=None if args.quiet else sys.stderr)
-    except (DemoError, ValueError) as exc:
+    except (DemoError, ValueError, HTTPError, ProtocolError) as exc:
         print(f"binproto demo: {exc}", file=sys.stderr)
         return 1
     report(results, out)
@@ -522,7 +541,7 @@ def add_demo(subparsers: Any) -> None:
     )
     p.add_argument(
         "--chunk",
-        type=_size_arg,
+        type=_chunk_arg,
         default=MiB,
         help="bytes per client socket read and write, e.g. 64KiB (default 1MiB)",
     )
