@@ -660,7 +660,9 @@ class Client(ClientCore):
     ``Accept-Encoding``: compressed responses are decompressed as they are
     read, within ``limits``; ``request_encoding``
     (``"gzip"`` or ``"deflate"``) compresses request bodies (see
-    :class:`ClientCore`).
+    :class:`ClientCore`). One request at a time: a request made while
+    another is in flight (from another task) raises
+    :class:`binproto.LocalProtocolError`; use one client per task.
     """
 
     def __init__(

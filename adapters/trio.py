@@ -353,7 +353,10 @@ class Client(ClientCore):
     ``Accept-Encoding``: compressed responses are decompressed as they are
     read, within ``limits``; ``request_encoding``
     (``"gzip"`` or ``"deflate"``) compresses request bodies (see
-    :class:`ClientCore`). For another kind of trio stream (TLS, say), give
+    :class:`ClientCore`). One request at a time: a request made while
+    another is in flight (from another task) raises
+    :class:`binproto.LocalProtocolError`; use one client per task.
+    For another kind of trio stream (TLS, say), give
     :class:`ClientCore` an ``open_stream`` that returns :func:`wrap` of it.
     """
 
