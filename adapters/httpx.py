@@ -49,7 +49,7 @@ from binproto import (
 )
 from binproto._assemble import Destinations
 from binproto._compression import ENCODINGS, Inflater, normalize_encoding
-from binproto._util import as_byte_view
+from binproto._util import as_byte_view, whole_number
 from binproto.adapters.h11 import HTTPError, error_message, infer_path
 
 if TYPE_CHECKING:
@@ -94,18 +94,26 @@ def request_content(body: EncodedBody, chunk_size: int = CHUNK_SIZE) -> Iterator
 
     Pass it as ``content=`` with :func:`request_headers` (which sets
     ``Content-Length``) so httpx streams it rather than joining it.
+    ``chunk_size`` must be a positive int (else
+    :class:`binproto.LocalProtocolError`, raised here, not as httpx sends).
     """
+    return _pieces(body, whole_number(chunk_size, "chunk_size", positive=True))
+
+
+def _pieces(body: EncodedBody, chunk_size: int) -> Iterator[memoryview]:
     for buffer in body.buffers:
         view = as_byte_view(buffer)
         for start in range(0, len(view), chunk_size):
             yield view[start : start + chunk_size]
 
 
-async def arequest_content(
-    body: EncodedBody, chunk_size: int = CHUNK_SIZE
-) -> AsyncIterator[memoryview]:
+def arequest_content(body: EncodedBody, chunk_size: int = CHUNK_SIZE) -> AsyncIterator[memoryview]:
     """:func:`request_content` as an async iterator, for ``httpx.AsyncClient``."""
-    for piece in request_content(body, chunk_size):
+    return _apieces(request_content(body, chunk_size))
+
+
+async def _apieces(pieces: Iterator[memoryview]) -> AsyncIterator[memoryview]:
+    for piece in pieces:
         yield piece
 
 

@@ -365,6 +365,29 @@ def test_encoded_body_with_options_is_refused() -> None:
     assert result.tensors["x"].tolist() == [1.0]
 
 
+@pytest.mark.parametrize("chunk_size", [0, -1, 2.5, None, True])
+def test_a_chunk_size_that_is_not_a_positive_int_is_refused(chunk_size: Any) -> None:
+    # Refused before anything is sent: not range()'s ValueError or TypeError,
+    # nor (for a negative size) an empty body under its Content-Length.
+    body = binproto.encode_request({"x": np.ones(3, dtype=np.float32)})
+    transport = EchoTransport()
+    with pytest.raises(binproto.LocalProtocolError, match="chunk_size"):
+        bphttpx.request_content(body, chunk_size)
+    with pytest.raises(binproto.LocalProtocolError, match="chunk_size"):
+        bphttpx.arequest_content(body, chunk_size)
+    with httpx.Client(base_url="http://test", transport=transport) as client:
+        with pytest.raises(binproto.LocalProtocolError, match="chunk_size"):
+            bphttpx.infer(client, "echo", body, chunk_size=chunk_size)
+
+    async def go() -> None:
+        async with httpx.AsyncClient(base_url="http://test", transport=transport) as client:
+            with pytest.raises(binproto.LocalProtocolError, match="chunk_size"):
+                await bphttpx.ainfer(client, "echo", body, chunk_size=chunk_size)
+
+    asyncio.run(go())
+    assert not transport.headers  # no request went out
+
+
 # -- against a real socket, where httpx enforces the framing --------------------------
 
 
