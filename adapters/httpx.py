@@ -272,6 +272,15 @@ async def _araise_error_status(response: httpx.Response) -> NoReturn:
     raise body.error() from body.fault
 
 
+def _check_unread(response: httpx.Response) -> None:
+    # iter_raw would raise httpx's StreamConsumed or StreamClosed.
+    if response.is_stream_consumed or response.is_closed:
+        raise LocalProtocolError(
+            "the response's body was read already, or its stream closed: parse a"
+            " response of client.stream(...) (or use infer), within its block"
+        )
+
+
 def iter_events(
     response: httpx.Response,
     *,
@@ -300,9 +309,15 @@ def iter_events(
     missing (the :class:`binproto.RemoteProtocolError` is its ``__cause__``).
     A response httpx has read already (not streamed) gives the body as httpx
     decoded it.
+
+    A successful response whose body httpx has read already (``client.post``,
+    not ``client.stream``), or read through, or whose stream is closed, is
+    the caller's :class:`binproto.LocalProtocolError`: the body is parsed as
+    it arrives, and there is none left to arrive.
     """
     if not 200 <= response.status_code < 300:
         _raise_error_status(response)
+    _check_unread(response)
     if parser is None:
         parser = parser_for_response(response, limits=limits, strict_bool=strict_bool)
     try:
@@ -324,6 +339,7 @@ async def aiter_events(
     with the same errors."""
     if not 200 <= response.status_code < 300:
         await _araise_error_status(response)
+    _check_unread(response)
     if parser is None:
         parser = parser_for_response(response, limits=limits, strict_bool=strict_bool)
     try:
@@ -343,7 +359,11 @@ def read_response(
     limits: Limits | None = None,
     strict_bool: bool = True,
 ) -> DecodedMessage:
-    """Read a streamed response into numpy arrays as it arrives (one copy per byte)."""
+    """Read a streamed response into numpy arrays as it arrives (one copy per byte).
+
+    ``response`` comes from ``client.stream(...)``, its body not yet read
+    (see :func:`iter_events` for the errors).
+    """
     assembler = TensorAssembler(destinations)
     for event in iter_events(response, limits=limits, strict_bool=strict_bool):
         assembler.feed(event)

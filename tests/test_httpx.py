@@ -388,6 +388,35 @@ def test_a_chunk_size_that_is_not_a_positive_int_is_refused(chunk_size: Any) -> 
     assert not transport.headers  # no request went out
 
 
+def test_a_response_whose_body_was_read_already_is_refused() -> None:
+    # Not httpx's StreamConsumed / StreamClosed: the caller passed a response
+    # with no body left to parse.
+    body = binproto.encode_request({"x": np.ones(3, dtype=np.float32)})
+    content, headers = bytes(body), bphttpx.request_headers(body)
+    path = bphttpx.infer_path("echo")
+    refused = pytest.raises(binproto.LocalProtocolError, match="read already")
+    with httpx.Client(base_url="http://test", transport=EchoTransport()) as client:
+        response = client.post(path, content=content, headers=headers)
+        with refused:
+            bphttpx.read_response(response)
+        with client.stream("POST", path, content=content, headers=headers) as response:
+            assert bphttpx.read_response(response).tensors["x"].tolist() == [1.0] * 3
+            with refused:  # read through
+                bphttpx.read_response(response)
+        with client.stream("POST", path, content=content, headers=headers) as response:
+            pass
+        with refused:  # closed
+            bphttpx.read_response(response)
+
+    async def go() -> None:
+        async with httpx.AsyncClient(base_url="http://test", transport=EchoTransport()) as client:
+            response = await client.post(path, content=content, headers=headers)
+            with refused:
+                await bphttpx.aread_response(response)
+
+    asyncio.run(go())
+
+
 # -- against a real socket, where httpx enforces the framing --------------------------
 
 
