@@ -85,8 +85,10 @@ MAX_ERROR_BODY = 1 << 20
 
 _ERROR_BODY_LIMITS = Limits(max_decompressed_bytes=MAX_ERROR_BODY)
 
-# What httpx raises for a body that breaks off, is badly framed or badly coded.
-_BODY_ERRORS = (httpx.RemoteProtocolError, httpx.DecodingError)
+# What httpx raises for a body that breaks off (closed early, or the connection
+# reset), is badly framed or badly coded. (Its timeouts are the caller's own
+# bounds, left as they are.)
+_BODY_ERRORS = (httpx.RemoteProtocolError, httpx.ReadError, httpx.DecodingError)
 
 
 def request_content(body: EncodedBody, chunk_size: int = CHUNK_SIZE) -> Iterator[memoryview]:
@@ -167,9 +169,14 @@ def _finish(parser: Parser) -> Iterator[Event]:
     yield from parser.events()
 
 
+def _said(exc: httpx.HTTPError) -> str:
+    # (httpx's ReadError for a reset connection has no message.)
+    return str(exc) or f"httpx.{type(exc).__name__}"
+
+
 def _body_error(exc: httpx.HTTPError, offset: int) -> binproto.RemoteProtocolError:
     return binproto.RemoteProtocolError(
-        f"the response body could not be read: {exc}", offset=offset
+        f"the response body could not be read: {_said(exc)}", offset=offset
     )
 
 
@@ -216,7 +223,7 @@ class _ErrorBody:
         try:
             yield
         except _BODY_ERRORS as exc:
-            self.fault = binproto.RemoteProtocolError(str(exc), offset=len(self.data))
+            self.fault = binproto.RemoteProtocolError(_said(exc), offset=len(self.data))
             self.fault.__cause__ = exc
 
     def _inflate(self) -> None:
@@ -295,9 +302,12 @@ def iter_events(
     requested.
 
     Raises :class:`binproto.RemoteProtocolError` for a bad body: malformed,
-    or cut short, badly framed or badly coded on the wire (httpx's
-    ``RemoteProtocolError`` and ``DecodingError`` are turned into it, as its
-    ``__cause__``, with ``offset`` the body bytes parsed before the fault).
+    or cut short (closed early, or the connection reset), badly framed or
+    badly coded on the wire (httpx's ``RemoteProtocolError``, ``ReadError``
+    and ``DecodingError`` are turned into it, as its ``__cause__``, with
+    ``offset`` the body bytes parsed before the fault). httpx's timeouts
+    (``ReadTimeout``), the bounds the caller gave httpx, are raised as they
+    are.
 
     Raises :class:`HTTPError` for an error status, its message the V2
     ``{"error": ...}`` of the body. At most :data:`MAX_ERROR_BODY` bytes of

@@ -7,6 +7,7 @@ import asyncio
 import gzip
 import json
 import socket
+import struct
 import threading
 import tracemalloc
 import zlib
@@ -421,9 +422,9 @@ def test_a_response_whose_body_was_read_already_is_refused() -> None:
 
 
 @contextmanager
-def canned_server(response: bytes) -> Iterator[str]:
+def canned_server(response: bytes, *, reset: bool = False) -> Iterator[str]:
     """A server on 127.0.0.1 that reads one request, writes ``response`` as it
-    is and closes the connection; yields its URL."""
+    is and closes the connection (``reset``: with a TCP reset); yields its URL."""
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(10)
 
@@ -440,6 +441,8 @@ def canned_server(response: bytes) -> Iterator[str]:
                 while len(body) < length:  # read it all, so closing sends no reset
                     body += conn.recv(65536)
                 conn.sendall(response)
+                if reset:  # (a zero linger time: close sends RST)
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         except OSError:
             pass  # the client stopped reading (a bounded error body) and closed
 
@@ -453,12 +456,12 @@ def canned_server(response: bytes) -> Iterator[str]:
 
 
 def infer_from(
-    response: bytes, mode: str, before: Callable[[], None] = lambda: None
+    response: bytes, mode: str, before: Callable[[], None] = lambda: None, *, reset: bool = False
 ) -> binproto.DecodedMessage:
-    """``infer`` (mode "sync") or ``ainfer`` (mode "async") against ``response``;
-    ``before`` is called once the client is made."""
+    """``infer`` (mode "sync") or ``ainfer`` (mode "async") against ``response``
+    (then a reset, with ``reset``); ``before`` is called once the client is made."""
     inputs = {"x": np.ones(3, dtype=np.float32)}
-    with canned_server(response) as url:
+    with canned_server(response, reset=reset) as url:
         if mode == "sync":
             with httpx.Client(base_url=url) as client:
                 before()
@@ -500,6 +503,25 @@ def test_a_body_cut_short_by_the_server_is_a_protocol_error(mode: str) -> None:
     assert isinstance(info.value.__cause__, httpx.RemoteProtocolError)
     assert "peer closed connection" in str(info.value)
     assert info.value.offset == len(sent)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_body_cut_short_by_a_reset_is_a_protocol_error(mode: str) -> None:
+    fields, body = v2_response(np.arange(1000, dtype=np.float32))
+    head = b"HTTP/1.1 200 OK\r\n" + fields + f"Content-Length: {len(body)}\r\n\r\n".encode()
+    with pytest.raises(binproto.RemoteProtocolError) as info:
+        infer_from(head + body[:-100], mode, reset=True)
+    assert isinstance(info.value.__cause__, httpx.ReadError)
+    assert "the response body could not be read" in str(info.value)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_error_body_cut_short_by_a_reset_still_gives_the_status(mode: str) -> None:
+    with pytest.raises(bphttpx.HTTPError) as info:
+        infer_from(error_reply("500 Oops", b'{"error": "out of memory"}')[:-10], mode, reset=True)
+    assert info.value.status == 500
+    assert "the error body could not be read" in info.value.message
+    assert isinstance(info.value.__cause__, binproto.RemoteProtocolError)
 
 
 @pytest.mark.parametrize("mode", MODES)
