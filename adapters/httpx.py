@@ -21,14 +21,19 @@ a :class:`binproto.Parser` that handles the ``Content-Encoding`` itself; the
 ``Accept-Encoding`` sent names only the encodings binproto can decode.
 
 A response with an error status raises :class:`HTTPError` with the V2
-``{"error": ...}`` message. A body that breaks off or is malformed raises
-:class:`binproto.RemoteProtocolError`, never httpx's own protocol errors.
+``{"error": ...}`` message. A body that breaks off (closed early, or the
+connection reset) or is malformed raises :class:`binproto.RemoteProtocolError`,
+never httpx's own errors; so does a response head httpx refuses (garbled,
+cut short, an upgrade, bad framing) in :func:`infer`, :func:`ainfer`,
+:func:`stream_infer` and :func:`astream_infer` (httpx's error is the
+``__cause__``). httpx's connect errors, write errors and timeouts are
+raised as they are.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AsyncExitStack, ExitStack, asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 try:
@@ -408,6 +413,48 @@ def _encode(inputs: Any, options: dict[str, Any]) -> EncodedBody:
     return binproto.encode_request(inputs, **options)
 
 
+def _head_error(exc: httpx.RemoteProtocolError) -> binproto.RemoteProtocolError:
+    return binproto.RemoteProtocolError(f"the response head could not be read: {_said(exc)}")
+
+
+@contextmanager
+def _post(
+    client: httpx.Client, path: str, body: EncodedBody, headers: dict[str, str], chunk_size: int
+) -> Iterator[httpx.Response]:
+    """``client.stream`` of the request, its response head read: a head httpx
+    refuses (garbled, cut short, badly framed) is binproto's
+    RemoteProtocolError, as a bad body is."""
+    content = _content(request_content(body, chunk_size))
+    with ExitStack() as stack:
+        try:
+            response = stack.enter_context(
+                client.stream("POST", path, content=content, headers=headers)
+            )
+        except httpx.RemoteProtocolError as exc:
+            raise _head_error(exc) from exc
+        yield response
+
+
+@asynccontextmanager
+async def _apost(
+    client: httpx.AsyncClient,
+    path: str,
+    body: EncodedBody,
+    headers: dict[str, str],
+    chunk_size: int,
+) -> AsyncIterator[httpx.Response]:
+    """:func:`_post` for ``httpx.AsyncClient``."""
+    content = _acontent(arequest_content(body, chunk_size))
+    async with AsyncExitStack() as stack:
+        try:
+            response = await stack.enter_async_context(
+                client.stream("POST", path, content=content, headers=headers)
+            )
+        except httpx.RemoteProtocolError as exc:
+            raise _head_error(exc) from exc
+        yield response
+
+
 @contextmanager
 def stream_infer(
     client: httpx.Client,
@@ -432,12 +479,8 @@ def stream_infer(
     the response is closed on leaving the block.
     """
     body = _encode(inputs, encode_options)
-    with client.stream(
-        "POST",
-        infer_path(model_name, model_version),
-        content=_content(request_content(body, chunk_size)),
-        headers=request_headers(body, headers),
-    ) as response:
+    path = infer_path(model_name, model_version)
+    with _post(client, path, body, request_headers(body, headers), chunk_size) as response:
         yield iter_events(response, limits=limits, strict_bool=strict_bool)
 
 
@@ -456,12 +499,8 @@ async def astream_infer(
 ) -> AsyncIterator[AsyncIterator[Event]]:
     """:func:`stream_infer` for ``httpx.AsyncClient`` (``async with`` / ``async for``)."""
     body = _encode(inputs, encode_options)
-    async with client.stream(
-        "POST",
-        infer_path(model_name, model_version),
-        content=_acontent(arequest_content(body, chunk_size)),
-        headers=request_headers(body, headers),
-    ) as response:
+    path = infer_path(model_name, model_version)
+    async with _apost(client, path, body, request_headers(body, headers), chunk_size) as response:
         yield aiter_events(response, limits=limits, strict_bool=strict_bool)
 
 
@@ -485,12 +524,8 @@ def infer(
     given (see :class:`binproto.TensorAssembler`).
     """
     body = _encode(inputs, encode_options)
-    with client.stream(
-        "POST",
-        infer_path(model_name, model_version),
-        content=_content(request_content(body, chunk_size)),
-        headers=request_headers(body, headers),
-    ) as response:
+    path = infer_path(model_name, model_version)
+    with _post(client, path, body, request_headers(body, headers), chunk_size) as response:
         return read_response(
             response, destinations=destinations, limits=limits, strict_bool=strict_bool
         )
@@ -511,12 +546,8 @@ async def ainfer(
 ) -> DecodedMessage:
     """:func:`infer` for ``httpx.AsyncClient``."""
     body = _encode(inputs, encode_options)
-    async with client.stream(
-        "POST",
-        infer_path(model_name, model_version),
-        content=_acontent(arequest_content(body, chunk_size)),
-        headers=request_headers(body, headers),
-    ) as response:
+    path = infer_path(model_name, model_version)
+    async with _apost(client, path, body, request_headers(body, headers), chunk_size) as response:
         return await aread_response(
             response, destinations=destinations, limits=limits, strict_bool=strict_bool
         )

@@ -524,6 +524,42 @@ def test_an_error_body_cut_short_by_a_reset_still_gives_the_status(mode: str) ->
     assert isinstance(info.value.__cause__, binproto.RemoteProtocolError)
 
 
+BROKEN_HEADS = {
+    "garbage": b"garbage\r\n\r\n",
+    "closed-in-head": b"HTTP/1.1 200 OK\r\nContent-Le",
+    "switching-protocols": b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: foo\r\n"
+    b"Connection: Upgrade\r\n\r\n",
+    "transfer-encoding-gzip": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+    "conflicting-lengths": b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("head", list(BROKEN_HEADS.values()), ids=list(BROKEN_HEADS))
+def test_a_broken_response_head_is_a_protocol_error(mode: str, head: bytes) -> None:
+    # binproto's error, as the asyncio and trio clients raise: not httpx's.
+    with pytest.raises(binproto.RemoteProtocolError, match="response head") as info:
+        infer_from(head, mode)
+    assert isinstance(info.value.__cause__, httpx.RemoteProtocolError)
+
+
+def test_a_broken_response_head_is_a_protocol_error_when_streamed() -> None:
+    inputs = {"x": np.ones(3, dtype=np.float32)}
+    with canned_server(BROKEN_HEADS["garbage"]) as url, httpx.Client(base_url=url) as client:
+        with pytest.raises(binproto.RemoteProtocolError, match="response head"):
+            with bphttpx.stream_infer(client, "echo", inputs):
+                pass
+
+    async def go() -> None:
+        async with httpx.AsyncClient(base_url=url) as client:
+            with pytest.raises(binproto.RemoteProtocolError, match="response head"):
+                async with bphttpx.astream_infer(client, "echo", inputs):
+                    pass
+
+    with canned_server(BROKEN_HEADS["garbage"]) as url:
+        asyncio.run(go())
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_bad_chunk_framing_is_a_protocol_error(mode: str) -> None:
     fields, body = v2_response(np.arange(1000, dtype=np.float32))
