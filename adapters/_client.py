@@ -9,7 +9,7 @@ parsed as they are read, and read only as fast as the caller takes events.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any, NoReturn, cast
 
 try:
@@ -184,6 +184,11 @@ class ClientCore:
             request bodies (sent chunked, with ``Content-Encoding``, compressed
             a piece at a time at :data:`COMPRESSION_LEVEL`); None sends them as
             they are.
+
+    A client sends one request at a time, over its one connection: a request
+    made while another is in flight (from a second task) raises
+    :class:`binproto.LocalProtocolError` at once, leaving the connection and
+    the first request alone. Use one client per task.
     """
 
     def __init__(
@@ -210,6 +215,7 @@ class ClientCore:
         self._stream: ByteStream | None = None
         self._conn: h11.Connection | None = None
         self._stream_to_close = False  # the server will not serve another request
+        self._busy = False  # a request is in flight
 
     async def __aenter__(self) -> ClientCore:
         return self
@@ -222,6 +228,21 @@ class ClientCore:
         stream, self._stream, self._conn = self._stream, None, None
         if stream is not None:
             await stream.aclose()
+
+    @contextlib.contextmanager
+    def _one_request(self) -> Iterator[None]:
+        """Around a request, from before its first await to its end: a second
+        request meanwhile (another task's) is refused, not sent on the
+        connection this one is using."""
+        if self._busy:
+            raise LocalProtocolError(
+                "a Client sends one request at a time: use one Client per task"
+            )
+        self._busy = True
+        try:
+            yield
+        finally:
+            self._busy = False
 
     async def _connection(self) -> tuple[ByteStream, h11.Connection]:
         stream = self._stream
@@ -261,21 +282,22 @@ class ClientCore:
             head = request_for(path, None, host=self._host, method="GET")
         except h11.LocalProtocolError as exc:
             raise LocalProtocolError(f"cannot send GET {path!r}: {exc}") from None
-        stream, conn = await self._connection()
-        try:
-            await stream.send_all([conn.send(head), conn.send(h11.EndOfMessage())])
-            response = await self._head(stream, conn)
-            data = await self._small_body(stream, conn)
-        except BaseException:
-            await self.aclose()
-            raise
-        self._next_cycle(conn)
-        if self._stream_to_close:
-            # The server closes after this response: so do we, and the next
-            # call opens a new connection.
-            self._stream_to_close = False
-            await self.aclose()
-        return response.status_code, data
+        with self._one_request():
+            stream, conn = await self._connection()
+            try:
+                await stream.send_all([conn.send(head), conn.send(h11.EndOfMessage())])
+                response = await self._head(stream, conn)
+                data = await self._small_body(stream, conn)
+            except BaseException:
+                await self.aclose()
+                raise
+            self._next_cycle(conn)
+            if self._stream_to_close:
+                # The server closes after this response: so do we, and the next
+                # call opens a new connection.
+                self._stream_to_close = False
+                await self.aclose()
+            return response.status_code, data
 
     async def _small_body(self, stream: ByteStream, conn: h11.Connection) -> bytes:
         reader = BodyReader(stream, conn, None, receive_in_place=False)
@@ -329,51 +351,52 @@ class ClientCore:
         if not isinstance(model, str) or not isinstance(model_version, (str, type(None))):
             raise LocalProtocolError("model and model_version must be strings")
         path = infer_path(model, model_version)
-        stream, conn = await self._connection()
-        ok = False
-        result: ResponseStream | None = None
-        try:
+        with self._one_request():
+            stream, conn = await self._connection()
+            ok = False
+            result: ResponseStream | None = None
             try:
-                await self._send_request(stream, conn, path, body)
-            except ConnectionError as exc:
-                await self._raise_early_answer(stream, conn, exc)
-            response = await self._head(stream, conn)
-            if response.status_code != 200:
-                data = await self._small_body(stream, conn)
-                self._next_cycle(conn)
-                ok = True
-                raise _error(response, data)
-            claims = body_claims(fields_of(response))
-            reader = BodyReader(
-                stream, conn, claims.content_length, receive_in_place=self._zero_copy
-            )
-            result = ResponseStream(
-                response, MessageBody("response", claims, reader, limits=self._limits)
-            )
-            yield result
-            ok = result.body.complete and not reader.direct
-            if ok:
-                self._next_cycle(conn)
-            elif result.body.complete:
-                # h11 did not see the body: a fresh connection state, same socket,
-                # unless the server said it closes, or closed, or sent bytes past
-                # its response (that no request asked for: not to be taken for
-                # the next answer; see also ProbesIdle).
-                extra, closed = reader.rest()
-                self._conn = h11.Connection(h11.CLIENT)
-                self._stream_to_close = _closes(response) or closed or bool(len(extra))
-                ok = True
-        except BaseException as exc:
-            # The fault keeps frames that reach the response (the caller's
-            # ``infer`` frame, say): its arrays go now, not when it is collected.
-            _drop_locals(exc)
-            if result is not None:
-                result.body.release()
-            raise
-        finally:
-            if not ok or self._stream_to_close:
-                self._stream_to_close = False
-                await self.aclose()
+                try:
+                    await self._send_request(stream, conn, path, body)
+                except ConnectionError as exc:
+                    await self._raise_early_answer(stream, conn, exc)
+                response = await self._head(stream, conn)
+                if response.status_code != 200:
+                    data = await self._small_body(stream, conn)
+                    self._next_cycle(conn)
+                    ok = True
+                    raise _error(response, data)
+                claims = body_claims(fields_of(response))
+                reader = BodyReader(
+                    stream, conn, claims.content_length, receive_in_place=self._zero_copy
+                )
+                result = ResponseStream(
+                    response, MessageBody("response", claims, reader, limits=self._limits)
+                )
+                yield result
+                ok = result.body.complete and not reader.direct
+                if ok:
+                    self._next_cycle(conn)
+                elif result.body.complete:
+                    # h11 did not see the body: a fresh connection state, same socket,
+                    # unless the server said it closes, or closed, or sent bytes past
+                    # its response (that no request asked for: not to be taken for
+                    # the next answer; see also ProbesIdle).
+                    extra, closed = reader.rest()
+                    self._conn = h11.Connection(h11.CLIENT)
+                    self._stream_to_close = _closes(response) or closed or bool(len(extra))
+                    ok = True
+            except BaseException as exc:
+                # The fault keeps frames that reach the response (the caller's
+                # ``infer`` frame, say): its arrays go now, not when it is collected.
+                _drop_locals(exc)
+                if result is not None:
+                    result.body.release()
+                raise
+            finally:
+                if not ok or self._stream_to_close:
+                    self._stream_to_close = False
+                    await self.aclose()
 
     async def _raise_early_answer(
         self, stream: ByteStream, conn: h11.Connection, exc: ConnectionError

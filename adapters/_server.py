@@ -258,6 +258,19 @@ class InferenceError(Exception):
         self.allow = allow
 
 
+def seconds_or_none(value: Any, what: str) -> float | None:
+    """``value`` as a bound in seconds: None (no bound), or a positive, finite
+    int or float (not a bool, not NaN). Anything else is the caller's
+    :class:`LocalProtocolError`, naming ``what``."""
+    if value is not None and (
+        type(value) not in (int, float) or not value > 0 or value == float("inf")
+    ):
+        raise LocalProtocolError(
+            f"{what} must be a positive number of seconds or None, got {value!r}"
+        )
+    return cast("float | None", value)
+
+
 @dataclass(frozen=True, slots=True)
 class Timeouts:
     """How long a server waits for a peer, in seconds (None: no bound).
@@ -286,13 +299,7 @@ class Timeouts:
 
     def __post_init__(self) -> None:
         for name in ("keep_alive", "head", "body", "write"):
-            value = getattr(self, name)
-            if value is not None and (
-                type(value) not in (int, float) or not value > 0 or value == float("inf")
-            ):
-                raise LocalProtocolError(
-                    f"timeout {name} must be a positive number of seconds or None, got {value!r}"
-                )
+            seconds_or_none(getattr(self, name), f"timeout {name}")
 
     @classmethod
     def every(cls, seconds: float | None) -> Timeouts:

@@ -60,6 +60,7 @@ from ._server import (
     Timeouts,
     V2Server,
     echo_model,
+    seconds_or_none,
 )
 
 __all__ = [
@@ -654,13 +655,16 @@ class Client(ClientCore):
 
     ``zero_copy`` receives response tensors straight into their arrays;
     ``timeout`` bounds each wait for the server, for its bytes or for it to
-    take ours (default :data:`CLIENT_TIMEOUT`, 300 s; None: no bound);
+    take ours (default :data:`CLIENT_TIMEOUT`, 300 s; None: no bound; else
+    a positive number of seconds, or :class:`binproto.LocalProtocolError`);
     ``limits`` applies to
     response bodies. ``accept_encoding`` (e.g. ``"gzip, deflate"``) is sent as
     ``Accept-Encoding``: compressed responses are decompressed as they are
     read, within ``limits``; ``request_encoding``
     (``"gzip"`` or ``"deflate"``) compresses request bodies (see
-    :class:`ClientCore`).
+    :class:`ClientCore`). One request at a time: a request made while
+    another is in flight (from another task) raises
+    :class:`binproto.LocalProtocolError`; use one client per task.
     """
 
     def __init__(
@@ -674,6 +678,8 @@ class Client(ClientCore):
         accept_encoding: str | None = None,
         request_encoding: str | None = None,
     ) -> None:
+        timeout = seconds_or_none(timeout, "timeout")
+
         async def open_stream() -> Any:
             return await connect(host, port, zero_copy=zero_copy, timeout=timeout)
 

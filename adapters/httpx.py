@@ -21,14 +21,19 @@ a :class:`binproto.Parser` that handles the ``Content-Encoding`` itself; the
 ``Accept-Encoding`` sent names only the encodings binproto can decode.
 
 A response with an error status raises :class:`HTTPError` with the V2
-``{"error": ...}`` message. A body that breaks off or is malformed raises
-:class:`binproto.RemoteProtocolError`, never httpx's own protocol errors.
+``{"error": ...}`` message. A body that breaks off (closed early, or the
+connection reset) or is malformed raises :class:`binproto.RemoteProtocolError`,
+never httpx's own errors; so does a response head httpx refuses (garbled,
+cut short, an upgrade, bad framing) in :func:`infer`, :func:`ainfer`,
+:func:`stream_infer` and :func:`astream_infer` (httpx's error is the
+``__cause__``). httpx's connect errors, write errors and timeouts are
+raised as they are.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AsyncExitStack, ExitStack, asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 try:
@@ -49,7 +54,7 @@ from binproto import (
 )
 from binproto._assemble import Destinations
 from binproto._compression import ENCODINGS, Inflater, normalize_encoding
-from binproto._util import as_byte_view
+from binproto._util import as_byte_view, whole_number
 from binproto.adapters.h11 import HTTPError, error_message, infer_path
 
 if TYPE_CHECKING:
@@ -85,8 +90,10 @@ MAX_ERROR_BODY = 1 << 20
 
 _ERROR_BODY_LIMITS = Limits(max_decompressed_bytes=MAX_ERROR_BODY)
 
-# What httpx raises for a body that breaks off, is badly framed or badly coded.
-_BODY_ERRORS = (httpx.RemoteProtocolError, httpx.DecodingError)
+# What httpx raises for a body that breaks off (closed early, or the connection
+# reset), is badly framed or badly coded. (Its timeouts are the caller's own
+# bounds, left as they are.)
+_BODY_ERRORS = (httpx.RemoteProtocolError, httpx.ReadError, httpx.DecodingError)
 
 
 def request_content(body: EncodedBody, chunk_size: int = CHUNK_SIZE) -> Iterator[memoryview]:
@@ -94,18 +101,26 @@ def request_content(body: EncodedBody, chunk_size: int = CHUNK_SIZE) -> Iterator
 
     Pass it as ``content=`` with :func:`request_headers` (which sets
     ``Content-Length``) so httpx streams it rather than joining it.
+    ``chunk_size`` must be a positive int (else
+    :class:`binproto.LocalProtocolError`, raised here, not as httpx sends).
     """
+    return _pieces(body, whole_number(chunk_size, "chunk_size", positive=True))
+
+
+def _pieces(body: EncodedBody, chunk_size: int) -> Iterator[memoryview]:
     for buffer in body.buffers:
         view = as_byte_view(buffer)
         for start in range(0, len(view), chunk_size):
             yield view[start : start + chunk_size]
 
 
-async def arequest_content(
-    body: EncodedBody, chunk_size: int = CHUNK_SIZE
-) -> AsyncIterator[memoryview]:
+def arequest_content(body: EncodedBody, chunk_size: int = CHUNK_SIZE) -> AsyncIterator[memoryview]:
     """:func:`request_content` as an async iterator, for ``httpx.AsyncClient``."""
-    for piece in request_content(body, chunk_size):
+    return _apieces(request_content(body, chunk_size))
+
+
+async def _apieces(pieces: Iterator[memoryview]) -> AsyncIterator[memoryview]:
+    for piece in pieces:
         yield piece
 
 
@@ -159,9 +174,14 @@ def _finish(parser: Parser) -> Iterator[Event]:
     yield from parser.events()
 
 
+def _said(exc: httpx.HTTPError) -> str:
+    # (httpx's ReadError for a reset connection has no message.)
+    return str(exc) or f"httpx.{type(exc).__name__}"
+
+
 def _body_error(exc: httpx.HTTPError, offset: int) -> binproto.RemoteProtocolError:
     return binproto.RemoteProtocolError(
-        f"the response body could not be read: {exc}", offset=offset
+        f"the response body could not be read: {_said(exc)}", offset=offset
     )
 
 
@@ -208,7 +228,7 @@ class _ErrorBody:
         try:
             yield
         except _BODY_ERRORS as exc:
-            self.fault = binproto.RemoteProtocolError(str(exc), offset=len(self.data))
+            self.fault = binproto.RemoteProtocolError(_said(exc), offset=len(self.data))
             self.fault.__cause__ = exc
 
     def _inflate(self) -> None:
@@ -264,6 +284,15 @@ async def _araise_error_status(response: httpx.Response) -> NoReturn:
     raise body.error() from body.fault
 
 
+def _check_unread(response: httpx.Response) -> None:
+    # iter_raw would raise httpx's StreamConsumed or StreamClosed.
+    if response.is_stream_consumed or response.is_closed:
+        raise LocalProtocolError(
+            "the response's body was read already, or its stream closed: parse a"
+            " response of client.stream(...) (or use infer), within its block"
+        )
+
+
 def iter_events(
     response: httpx.Response,
     *,
@@ -278,9 +307,12 @@ def iter_events(
     requested.
 
     Raises :class:`binproto.RemoteProtocolError` for a bad body: malformed,
-    or cut short, badly framed or badly coded on the wire (httpx's
-    ``RemoteProtocolError`` and ``DecodingError`` are turned into it, as its
-    ``__cause__``, with ``offset`` the body bytes parsed before the fault).
+    or cut short (closed early, or the connection reset), badly framed or
+    badly coded on the wire (httpx's ``RemoteProtocolError``, ``ReadError``
+    and ``DecodingError`` are turned into it, as its ``__cause__``, with
+    ``offset`` the body bytes parsed before the fault). httpx's timeouts
+    (``ReadTimeout``), the bounds the caller gave httpx, are raised as they
+    are.
 
     Raises :class:`HTTPError` for an error status, its message the V2
     ``{"error": ...}`` of the body. At most :data:`MAX_ERROR_BODY` bytes of
@@ -292,9 +324,15 @@ def iter_events(
     missing (the :class:`binproto.RemoteProtocolError` is its ``__cause__``).
     A response httpx has read already (not streamed) gives the body as httpx
     decoded it.
+
+    A successful response whose body httpx has read already (``client.post``,
+    not ``client.stream``), or read through, or whose stream is closed, is
+    the caller's :class:`binproto.LocalProtocolError`: the body is parsed as
+    it arrives, and there is none left to arrive.
     """
     if not 200 <= response.status_code < 300:
         _raise_error_status(response)
+    _check_unread(response)
     if parser is None:
         parser = parser_for_response(response, limits=limits, strict_bool=strict_bool)
     try:
@@ -316,6 +354,7 @@ async def aiter_events(
     with the same errors."""
     if not 200 <= response.status_code < 300:
         await _araise_error_status(response)
+    _check_unread(response)
     if parser is None:
         parser = parser_for_response(response, limits=limits, strict_bool=strict_bool)
     try:
@@ -335,7 +374,11 @@ def read_response(
     limits: Limits | None = None,
     strict_bool: bool = True,
 ) -> DecodedMessage:
-    """Read a streamed response into numpy arrays as it arrives (one copy per byte)."""
+    """Read a streamed response into numpy arrays as it arrives (one copy per byte).
+
+    ``response`` comes from ``client.stream(...)``, its body not yet read
+    (see :func:`iter_events` for the errors).
+    """
     assembler = TensorAssembler(destinations)
     for event in iter_events(response, limits=limits, strict_bool=strict_bool):
         assembler.feed(event)
@@ -370,6 +413,48 @@ def _encode(inputs: Any, options: dict[str, Any]) -> EncodedBody:
     return binproto.encode_request(inputs, **options)
 
 
+def _head_error(exc: httpx.RemoteProtocolError) -> binproto.RemoteProtocolError:
+    return binproto.RemoteProtocolError(f"the response head could not be read: {_said(exc)}")
+
+
+@contextmanager
+def _post(
+    client: httpx.Client, path: str, body: EncodedBody, headers: dict[str, str], chunk_size: int
+) -> Iterator[httpx.Response]:
+    """``client.stream`` of the request, its response head read: a head httpx
+    refuses (garbled, cut short, badly framed) is binproto's
+    RemoteProtocolError, as a bad body is."""
+    content = _content(request_content(body, chunk_size))
+    with ExitStack() as stack:
+        try:
+            response = stack.enter_context(
+                client.stream("POST", path, content=content, headers=headers)
+            )
+        except httpx.RemoteProtocolError as exc:
+            raise _head_error(exc) from exc
+        yield response
+
+
+@asynccontextmanager
+async def _apost(
+    client: httpx.AsyncClient,
+    path: str,
+    body: EncodedBody,
+    headers: dict[str, str],
+    chunk_size: int,
+) -> AsyncIterator[httpx.Response]:
+    """:func:`_post` for ``httpx.AsyncClient``."""
+    content = _acontent(arequest_content(body, chunk_size))
+    async with AsyncExitStack() as stack:
+        try:
+            response = await stack.enter_async_context(
+                client.stream("POST", path, content=content, headers=headers)
+            )
+        except httpx.RemoteProtocolError as exc:
+            raise _head_error(exc) from exc
+        yield response
+
+
 @contextmanager
 def stream_infer(
     client: httpx.Client,
@@ -394,12 +479,8 @@ def stream_infer(
     the response is closed on leaving the block.
     """
     body = _encode(inputs, encode_options)
-    with client.stream(
-        "POST",
-        infer_path(model_name, model_version),
-        content=_content(request_content(body, chunk_size)),
-        headers=request_headers(body, headers),
-    ) as response:
+    path = infer_path(model_name, model_version)
+    with _post(client, path, body, request_headers(body, headers), chunk_size) as response:
         yield iter_events(response, limits=limits, strict_bool=strict_bool)
 
 
@@ -418,12 +499,8 @@ async def astream_infer(
 ) -> AsyncIterator[AsyncIterator[Event]]:
     """:func:`stream_infer` for ``httpx.AsyncClient`` (``async with`` / ``async for``)."""
     body = _encode(inputs, encode_options)
-    async with client.stream(
-        "POST",
-        infer_path(model_name, model_version),
-        content=_acontent(arequest_content(body, chunk_size)),
-        headers=request_headers(body, headers),
-    ) as response:
+    path = infer_path(model_name, model_version)
+    async with _apost(client, path, body, request_headers(body, headers), chunk_size) as response:
         yield aiter_events(response, limits=limits, strict_bool=strict_bool)
 
 
@@ -447,12 +524,8 @@ def infer(
     given (see :class:`binproto.TensorAssembler`).
     """
     body = _encode(inputs, encode_options)
-    with client.stream(
-        "POST",
-        infer_path(model_name, model_version),
-        content=_content(request_content(body, chunk_size)),
-        headers=request_headers(body, headers),
-    ) as response:
+    path = infer_path(model_name, model_version)
+    with _post(client, path, body, request_headers(body, headers), chunk_size) as response:
         return read_response(
             response, destinations=destinations, limits=limits, strict_bool=strict_bool
         )
@@ -473,12 +546,8 @@ async def ainfer(
 ) -> DecodedMessage:
     """:func:`infer` for ``httpx.AsyncClient``."""
     body = _encode(inputs, encode_options)
-    async with client.stream(
-        "POST",
-        infer_path(model_name, model_version),
-        content=_acontent(arequest_content(body, chunk_size)),
-        headers=request_headers(body, headers),
-    ) as response:
+    path = infer_path(model_name, model_version)
+    async with _apost(client, path, body, request_headers(body, headers), chunk_size) as response:
         return await aread_response(
             response, destinations=destinations, limits=limits, strict_bool=strict_bool
         )

@@ -61,6 +61,7 @@ from ._server import (
     Timeouts,
     V2Server,
     echo_model,
+    seconds_or_none,
 )
 
 __all__ = [
@@ -348,12 +349,16 @@ class Client(ClientCore):
 
     ``zero_copy`` receives response tensors straight into their arrays;
     ``timeout`` bounds each wait for the server's bytes (default
-    :data:`CLIENT_TIMEOUT`, 300 s; None: no bound); ``limits`` applies to
+    :data:`CLIENT_TIMEOUT`, 300 s; None: no bound; else a positive number
+    of seconds, or :class:`binproto.LocalProtocolError`); ``limits`` applies to
     response bodies. ``accept_encoding`` (e.g. ``"gzip, deflate"``) is sent as
     ``Accept-Encoding``: compressed responses are decompressed as they are
     read, within ``limits``; ``request_encoding``
     (``"gzip"`` or ``"deflate"``) compresses request bodies (see
-    :class:`ClientCore`). For another kind of trio stream (TLS, say), give
+    :class:`ClientCore`). One request at a time: a request made while
+    another is in flight (from another task) raises
+    :class:`binproto.LocalProtocolError`; use one client per task.
+    For another kind of trio stream (TLS, say), give
     :class:`ClientCore` an ``open_stream`` that returns :func:`wrap` of it.
     """
 
@@ -368,6 +373,8 @@ class Client(ClientCore):
         accept_encoding: str | None = None,
         request_encoding: str | None = None,
     ) -> None:
+        timeout = seconds_or_none(timeout, "timeout")
+
         async def open_stream() -> TrioStream:
             return await connect(host, port, zero_copy=zero_copy, timeout=timeout)
 

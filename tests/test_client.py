@@ -400,3 +400,104 @@ def test_bytes_the_server_sent_unasked_are_not_taken_for_the_next_answer(
         assert connections == 2
 
     _run(main)
+
+
+@asynccontextmanager
+async def _serving(server: V2Server) -> AsyncIterator[int]:
+    """``server`` on an asyncio listener; yields its port."""
+    srv = await start_server(server, "127.0.0.1", 0)
+    try:
+        yield srv.sockets[0].getsockname()[1]
+    finally:
+        await close_server(srv)
+
+
+@pytest.mark.parametrize("zero_copy", [True, False])
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
+def test_a_request_while_another_is_in_flight_is_refused(zero_copy: bool, warm: bool) -> None:
+    # A second task's request is refused at once: the first one's connection
+    # is neither used nor closed (nor, on a cold client, a second one opened),
+    # the first request completes, and the client serves the next one.
+    server = _Counting()
+
+    async def main() -> None:
+        async with (
+            _serving(server) as port,
+            Client("127.0.0.1", port, zero_copy=zero_copy, timeout=10) as c,
+        ):
+            if warm:
+                await c.infer("echo", {"x": X})
+            first = asyncio.create_task(c.infer("echo", {"x": X}))
+            await asyncio.sleep(0)  # (it is waiting for the connection or the answer)
+            with pytest.raises(LocalProtocolError, match="one request at a time"):
+                await c.infer("echo", {"x": X + 1})
+            with pytest.raises(LocalProtocolError, match="one request at a time"):
+                await c.get("/v2")
+            assert np.array_equal((await first)["x"], X)
+            assert np.array_equal((await c.infer("echo", {"x": X + 1}))["x"], X + 1)
+
+    _run(main)
+    assert server.connections == 1
+
+
+def test_a_request_while_a_response_is_streamed_is_refused() -> None:
+    async def main() -> None:
+        async with _serving(V2Server()) as port, Client("127.0.0.1", port, timeout=10) as c:
+            async with c.stream("echo", {"x": X}) as response:
+                with pytest.raises(LocalProtocolError, match="one request at a time"):
+                    await c.get("/v2")
+                assert np.array_equal((await response.tensors())["x"], X)
+            assert (await c.get("/v2"))[0] == 200
+            with pytest.raises(RuntimeError, match="left early"):
+                async with c.stream("echo", {"x": X}):
+                    raise RuntimeError("left early")
+            assert (await c.get("/v2"))[0] == 200
+
+    _run(main)
+
+
+def test_a_cancelled_request_lets_the_next_one_through() -> None:
+    async def main() -> None:
+        async with _serving(V2Server()) as port, Client("127.0.0.1", port, timeout=10) as c:
+            task = asyncio.create_task(c.infer("echo", {"x": X}))
+            await asyncio.sleep(0)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert np.array_equal((await c.infer("echo", {"x": X}))["x"], X)
+
+    _run(main)
+
+
+@pytest.mark.parametrize("zero_copy", [True, False])
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
+def test_a_trio_request_while_another_is_in_flight_is_refused(zero_copy: bool, warm: bool) -> None:
+    server = _Counting()
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(bt.serve, server, "127.0.0.1", 0)
+            async with bt.Client("127.0.0.1", port, zero_copy=zero_copy, timeout=10) as c:
+                if warm:
+                    await c.infer("echo", {"x": X})
+                outcomes: list[Any] = []
+
+                async def request(x: np.ndarray[Any, Any]) -> None:
+                    try:
+                        outcomes.append((await c.infer("echo", {"x": x}))["x"])
+                    except LocalProtocolError as exc:
+                        outcomes.append(exc)
+
+                # Which task goes first is trio's choice: one is answered, one refused.
+                async with trio.open_nursery() as requests:
+                    requests.start_soon(request, X)
+                    requests.start_soon(request, X)
+                refused, answered = outcomes  # (the refusal comes at once)
+                assert isinstance(refused, LocalProtocolError)
+                assert "one request at a time" in str(refused)
+                assert np.array_equal(answered, X)
+                assert np.array_equal((await c.infer("echo", {"x": X + 1}))["x"], X + 1)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert server.connections == 1

@@ -7,6 +7,7 @@ import asyncio
 import gzip
 import json
 import socket
+import struct
 import threading
 import tracemalloc
 import zlib
@@ -365,13 +366,65 @@ def test_encoded_body_with_options_is_refused() -> None:
     assert result.tensors["x"].tolist() == [1.0]
 
 
+@pytest.mark.parametrize("chunk_size", [0, -1, 2.5, None, True])
+def test_a_chunk_size_that_is_not_a_positive_int_is_refused(chunk_size: Any) -> None:
+    # Refused before anything is sent: not range()'s ValueError or TypeError,
+    # nor (for a negative size) an empty body under its Content-Length.
+    body = binproto.encode_request({"x": np.ones(3, dtype=np.float32)})
+    transport = EchoTransport()
+    with pytest.raises(binproto.LocalProtocolError, match="chunk_size"):
+        bphttpx.request_content(body, chunk_size)
+    with pytest.raises(binproto.LocalProtocolError, match="chunk_size"):
+        bphttpx.arequest_content(body, chunk_size)
+    with httpx.Client(base_url="http://test", transport=transport) as client:
+        with pytest.raises(binproto.LocalProtocolError, match="chunk_size"):
+            bphttpx.infer(client, "echo", body, chunk_size=chunk_size)
+
+    async def go() -> None:
+        async with httpx.AsyncClient(base_url="http://test", transport=transport) as client:
+            with pytest.raises(binproto.LocalProtocolError, match="chunk_size"):
+                await bphttpx.ainfer(client, "echo", body, chunk_size=chunk_size)
+
+    asyncio.run(go())
+    assert not transport.headers  # no request went out
+
+
+def test_a_response_whose_body_was_read_already_is_refused() -> None:
+    # Not httpx's StreamConsumed / StreamClosed: the caller passed a response
+    # with no body left to parse.
+    body = binproto.encode_request({"x": np.ones(3, dtype=np.float32)})
+    content, headers = bytes(body), bphttpx.request_headers(body)
+    path = bphttpx.infer_path("echo")
+    refused = pytest.raises(binproto.LocalProtocolError, match="read already")
+    with httpx.Client(base_url="http://test", transport=EchoTransport()) as client:
+        response = client.post(path, content=content, headers=headers)
+        with refused:
+            bphttpx.read_response(response)
+        with client.stream("POST", path, content=content, headers=headers) as response:
+            assert bphttpx.read_response(response).tensors["x"].tolist() == [1.0] * 3
+            with refused:  # read through
+                bphttpx.read_response(response)
+        with client.stream("POST", path, content=content, headers=headers) as response:
+            pass
+        with refused:  # closed
+            bphttpx.read_response(response)
+
+    async def go() -> None:
+        async with httpx.AsyncClient(base_url="http://test", transport=EchoTransport()) as client:
+            response = await client.post(path, content=content, headers=headers)
+            with refused:
+                await bphttpx.aread_response(response)
+
+    asyncio.run(go())
+
+
 # -- against a real socket, where httpx enforces the framing --------------------------
 
 
 @contextmanager
-def canned_server(response: bytes) -> Iterator[str]:
+def canned_server(response: bytes, *, reset: bool = False) -> Iterator[str]:
     """A server on 127.0.0.1 that reads one request, writes ``response`` as it
-    is and closes the connection; yields its URL."""
+    is and closes the connection (``reset``: with a TCP reset); yields its URL."""
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(10)
 
@@ -388,6 +441,8 @@ def canned_server(response: bytes) -> Iterator[str]:
                 while len(body) < length:  # read it all, so closing sends no reset
                     body += conn.recv(65536)
                 conn.sendall(response)
+                if reset:  # (a zero linger time: close sends RST)
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         except OSError:
             pass  # the client stopped reading (a bounded error body) and closed
 
@@ -401,12 +456,12 @@ def canned_server(response: bytes) -> Iterator[str]:
 
 
 def infer_from(
-    response: bytes, mode: str, before: Callable[[], None] = lambda: None
+    response: bytes, mode: str, before: Callable[[], None] = lambda: None, *, reset: bool = False
 ) -> binproto.DecodedMessage:
-    """``infer`` (mode "sync") or ``ainfer`` (mode "async") against ``response``;
-    ``before`` is called once the client is made."""
+    """``infer`` (mode "sync") or ``ainfer`` (mode "async") against ``response``
+    (then a reset, with ``reset``); ``before`` is called once the client is made."""
     inputs = {"x": np.ones(3, dtype=np.float32)}
-    with canned_server(response) as url:
+    with canned_server(response, reset=reset) as url:
         if mode == "sync":
             with httpx.Client(base_url=url) as client:
                 before()
@@ -448,6 +503,61 @@ def test_a_body_cut_short_by_the_server_is_a_protocol_error(mode: str) -> None:
     assert isinstance(info.value.__cause__, httpx.RemoteProtocolError)
     assert "peer closed connection" in str(info.value)
     assert info.value.offset == len(sent)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_body_cut_short_by_a_reset_is_a_protocol_error(mode: str) -> None:
+    fields, body = v2_response(np.arange(1000, dtype=np.float32))
+    head = b"HTTP/1.1 200 OK\r\n" + fields + f"Content-Length: {len(body)}\r\n\r\n".encode()
+    with pytest.raises(binproto.RemoteProtocolError) as info:
+        infer_from(head + body[:-100], mode, reset=True)
+    assert isinstance(info.value.__cause__, httpx.ReadError)
+    assert "the response body could not be read" in str(info.value)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_error_body_cut_short_by_a_reset_still_gives_the_status(mode: str) -> None:
+    with pytest.raises(bphttpx.HTTPError) as info:
+        infer_from(error_reply("500 Oops", b'{"error": "out of memory"}')[:-10], mode, reset=True)
+    assert info.value.status == 500
+    assert "the error body could not be read" in info.value.message
+    assert isinstance(info.value.__cause__, binproto.RemoteProtocolError)
+
+
+BROKEN_HEADS = {
+    "garbage": b"garbage\r\n\r\n",
+    "closed-in-head": b"HTTP/1.1 200 OK\r\nContent-Le",
+    "switching-protocols": b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: foo\r\n"
+    b"Connection: Upgrade\r\n\r\n",
+    "transfer-encoding-gzip": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+    "conflicting-lengths": b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("head", list(BROKEN_HEADS.values()), ids=list(BROKEN_HEADS))
+def test_a_broken_response_head_is_a_protocol_error(mode: str, head: bytes) -> None:
+    # binproto's error, as the asyncio and trio clients raise: not httpx's.
+    with pytest.raises(binproto.RemoteProtocolError, match="response head") as info:
+        infer_from(head, mode)
+    assert isinstance(info.value.__cause__, httpx.RemoteProtocolError)
+
+
+def test_a_broken_response_head_is_a_protocol_error_when_streamed() -> None:
+    inputs = {"x": np.ones(3, dtype=np.float32)}
+    with canned_server(BROKEN_HEADS["garbage"]) as url, httpx.Client(base_url=url) as client:
+        with pytest.raises(binproto.RemoteProtocolError, match="response head"):
+            with bphttpx.stream_infer(client, "echo", inputs):
+                pass
+
+    async def go() -> None:
+        async with httpx.AsyncClient(base_url=url) as client:
+            with pytest.raises(binproto.RemoteProtocolError, match="response head"):
+                async with bphttpx.astream_infer(client, "echo", inputs):
+                    pass
+
+    with canned_server(BROKEN_HEADS["garbage"]) as url:
+        asyncio.run(go())
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -21,6 +21,7 @@ import trio
 
 import binproto
 from binproto import LocalProtocolError
+from binproto.adapters import asyncio as ba
 from binproto.adapters import trio as bt
 from binproto.adapters._server import Model, Timeouts, V2Server
 from binproto.adapters.asyncio import close_server, start_server
@@ -134,6 +135,18 @@ def test_a_timeout_must_be_positive_seconds_or_none(bad: Any) -> None:
         Timeouts(keep_alive=bad)
     with pytest.raises(LocalProtocolError, match="timeouts must be"):
         V2Server(timeouts=5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("inf"), float("nan"), "5", True])
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_client_timeout_must_be_positive_seconds_or_none(backend: str, bad: Any) -> None:
+    # Refused as the client is made: not a TypeError in the middle of a
+    # request, nor a TimeoutError before any wait.
+    client = bt.Client if backend == "trio" else ba.Client
+    with pytest.raises(LocalProtocolError, match="timeout must be a positive number"):
+        client("127.0.0.1", 8000, timeout=bad)
+    client("127.0.0.1", 8000, timeout=None)
+    client("127.0.0.1", 8000, timeout=0.5)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
