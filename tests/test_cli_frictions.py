@@ -302,6 +302,38 @@ def test_a_failed_encode_leaves_no_half_written_file(tmp_path: Path) -> None:
     ).stat().st_mode & 0o777
 
 
+def test_an_encode_over_a_file_keeps_its_mode_and_its_hard_links(tmp_path: Path) -> None:
+    np.save(tmp_path / "a.npy", np.zeros(4, dtype=np.float32))
+    private = tmp_path / "private.bin"
+    private.write_bytes(b"old")
+    private.chmod(0o600)
+    done = _cli("encode", "x=a.npy", "-o", "private.bin", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert private.stat().st_mode & 0o777 == 0o600  # not made readable to others
+    assert private.read_bytes().startswith(b"{")
+    shared = tmp_path / "shared.bin"
+    shared.write_bytes(b"old")
+    os.link(shared, tmp_path / "other-name.bin")
+    done = _cli("encode", "x=a.npy", "-o", "shared.bin", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "other-name.bin").read_bytes() == shared.read_bytes()
+    assert shared.read_bytes().startswith(b"{")
+
+
+def test_a_new_file_takes_the_umask_without_encode_changing_it(tmp_path: Path) -> None:
+    np.save(tmp_path / "a.npy", np.zeros(4, dtype=np.float32))
+    done = subprocess.run(
+        ["sh", "-c", f"umask 027 && exec {sys.executable} -m binproto encode x=a.npy -o new.bin"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "new.bin").stat().st_mode & 0o777 == 0o640
+
+
 def test_encode_writes_through_a_symlink_and_into_a_device(tmp_path: Path) -> None:
     np.save(tmp_path / "a.npy", np.zeros(4, dtype=np.float32))
     (tmp_path / "body.bin").write_bytes(b"old")

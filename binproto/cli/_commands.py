@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import math
 import os
+import secrets
+import stat
 import sys
-import tempfile
 import zipfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -595,23 +597,38 @@ def _write_pieces(out: IO[bytes], pieces: Iterable[Any]) -> int:
 def _write_file(path: str, pieces: Iterable[Any]) -> int:
     """Write the buffers to ``path`` through a temporary file beside it, put in
     place only once whole: a write that fails (a full disk, a file size limit)
-    leaves no half-written file, and a file already at ``path`` as it was."""
+    leaves no half-written file, and a file already at ``path`` as it was,
+    with its mode. Written in place instead: a device or pipe (/dev/null), a
+    file with other hard links (they keep sharing it), and a file in a
+    directory no new file can be made in."""
     if os.path.exists(path) and not os.path.isfile(path):
-        # A device or a pipe (/dev/null) is written, not replaced; open()
-        # refuses a directory.
-        with open(path, "wb") as out:
-            return _write_pieces(out, pieces)
+        return _write_in_place(path, pieces)  # (open() refuses a directory)
     target = os.path.realpath(path)  # a symlink's file is replaced, not the link
     try:
-        fd, temporary = tempfile.mkstemp(
-            dir=os.path.dirname(target), prefix=f".{os.path.basename(target)}.", suffix=".tmp"
-        )
+        old = os.stat(target)
+    except FileNotFoundError:
+        old = None
+    if old is not None:
+        if not os.access(target, os.W_OK):  # as open() would refuse it
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+        if old.st_nlink > 1:
+            return _write_in_place(path, pieces)
+    name = f".{os.path.basename(target)}.{secrets.token_hex(6)}.tmp"
+    temporary = os.path.join(os.path.dirname(target), name)
+    try:
+        # 0666 less the umask, as open() makes a new file (the umask is not read)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except PermissionError:
+        if old is None:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path) from None
+        return _write_in_place(path, pieces)
     except OSError as exc:
         raise OSError(exc.errno, exc.strerror, path) from None  # (named as given)
     try:
         with os.fdopen(fd, "wb") as f:
             written = _write_pieces(f, pieces)
-        os.chmod(temporary, _new_file_mode())  # mkstemp's file is private (0600)
+        if old is not None:
+            os.chmod(temporary, stat.S_IMODE(old.st_mode))  # the mode of the file it replaces
         os.replace(temporary, target)
     except BaseException as exc:
         with contextlib.suppress(OSError):
@@ -622,11 +639,9 @@ def _write_file(path: str, pieces: Iterable[Any]) -> int:
     return written
 
 
-def _new_file_mode() -> int:
-    """The mode open() would give a new file: 0666 less the umask."""
-    umask = os.umask(0)  # (the umask can only be read by setting it)
-    os.umask(umask)
-    return 0o666 & ~umask
+def _write_in_place(path: str, pieces: Iterable[Any]) -> int:
+    with open(path, "wb") as out:
+        return _write_pieces(out, pieces)
 
 
 def add_encode(subparsers: Any) -> None:
