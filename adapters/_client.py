@@ -135,6 +135,16 @@ def _error(response: h11.Response, data: bytes) -> HTTPError:
     return error_message(response.status_code, data)
 
 
+def _cut_error(response: h11.Response, data: bytes, fault: RemoteProtocolError) -> HTTPError:
+    """The error an error response stands for when its body could not be
+    read whole: its status kept, with what was read (unless compressed) and
+    why the rest is missing, as the httpx adapter reports it."""
+    note = f"the error body could not be read: {fault}"
+    coded = header_value(list(response.headers), "content-encoding") is not None
+    text = "" if coded else data.decode("utf-8", "replace")
+    return HTTPError(response.status_code, f"{text} ({note})" if text else note)
+
+
 def _drop_locals(exc: BaseException) -> None:
     """Clear the locals of binproto's own finished frames in the traceback of
     ``exc`` and of the exceptions chained to it; the traceback stays.
@@ -300,15 +310,31 @@ class ClientCore:
             return response.status_code, data
 
     async def _small_body(self, stream: ByteStream, conn: h11.Connection) -> bytes:
+        data, fault = await self._read_small(stream, conn)
+        if fault is not None:
+            raise fault
+        return data
+
+    async def _read_small(
+        self, stream: ByteStream, conn: h11.Connection
+    ) -> tuple[bytes, RemoteProtocolError | None]:
+        """A small body (an error's, a GET's), at most :data:`MAX_ERROR_BODY`
+        bytes, and the fault that left it incomplete (None: it is whole)."""
         reader = BodyReader(stream, conn, None, receive_in_place=False)
         out = bytearray()
-        while True:
-            data = await reader.read()
-            if not len(data):
-                return bytes(out)
-            out += data
-            if len(out) > MAX_ERROR_BODY:
-                raise binproto.RemoteProtocolError("the response body is too large")
+        try:
+            while True:
+                data = await reader.read()
+                if not len(data):
+                    return bytes(out), None
+                out += data
+                if len(out) > MAX_ERROR_BODY:
+                    fault = RemoteProtocolError(
+                        f"the response body is longer than {MAX_ERROR_BODY} bytes"
+                    )
+                    return bytes(out[:MAX_ERROR_BODY]), fault
+        except RemoteProtocolError as exc:  # cut short, or badly framed
+            return bytes(out), exc
 
     def _next_cycle(self, conn: h11.Connection) -> None:
         # (A response framed by the close ends DONE/DONE too: the peer has
@@ -362,7 +388,9 @@ class ClientCore:
                     await self._raise_early_answer(stream, conn, exc)
                 response = await self._head(stream, conn)
                 if response.status_code != 200:
-                    data = await self._small_body(stream, conn)
+                    data, fault = await self._read_small(stream, conn)
+                    if fault is not None:  # (the connection is closed below: not ok)
+                        raise _cut_error(response, data, fault) from fault
                     self._next_cycle(conn)
                     ok = True
                     raise _error(response, data)

@@ -501,3 +501,21 @@ def test_a_trio_request_while_another_is_in_flight_is_refused(zero_copy: bool, w
 
     trio.run(main)
     assert server.connections == 1
+
+
+@pytest.mark.parametrize("zero_copy", [True, False])
+@pytest.mark.parametrize("cut", ["too long", "cut short"])
+def test_an_error_body_not_read_whole_keeps_its_status(zero_copy: bool, cut: str) -> None:
+    # As the httpx adapter reports it: the status, what was read, and why the
+    # rest is missing; the connection is not reused.
+    if cut == "too long":
+        body = b"x" * (2 << 20)
+        answer = b"HTTP/1.1 500 Oops\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        why = "longer than 1048576 bytes"
+    else:
+        answer = b"HTTP/1.1 400 Bad\r\nContent-Length: 100\r\n\r\nbad input"
+        why = "could not be read"
+    error = _error_for(answer, zero_copy=zero_copy)
+    assert error.status == (500 if cut == "too long" else 400)
+    assert why in error.message and "could not be read" in error.message
+    assert error.message.startswith("xxxx" if cut == "too long" else "bad input")
