@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import re
 import time
 import traceback
@@ -259,16 +260,21 @@ class InferenceError(Exception):
 
 
 def seconds_or_none(value: Any, what: str) -> float | None:
-    """``value`` as a bound in seconds: None (no bound), or a positive, finite
-    int or float (not a bool, not NaN). Anything else is the caller's
+    """``value`` as a bound in seconds: None (no bound), or a positive number
+    a float holds finitely (an int, a float or a numpy number; not a bool,
+    not NaN, not an int too big for a float). Anything else is the caller's
     :class:`LocalProtocolError`, naming ``what``."""
-    if value is not None and (
-        type(value) not in (int, float) or not value > 0 or value == float("inf")
-    ):
+    if value is None:
+        return None
+    try:
+        seconds = None if isinstance(value, (bool, np.bool_)) else float(value)
+    except (TypeError, ValueError, OverflowError):  # (str: "5" is no number of seconds)
+        seconds = None
+    if isinstance(value, (str, bytes)) or seconds is None or not 0 < seconds < math.inf:
         raise LocalProtocolError(
             f"{what} must be a positive number of seconds or None, got {value!r}"
         )
-    return cast("float | None", value)
+    return seconds
 
 
 @dataclass(frozen=True, slots=True)

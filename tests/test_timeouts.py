@@ -129,7 +129,11 @@ def test_defaults_are_those_of_production_servers() -> None:
     assert Timeouts.every(2) == Timeouts(2, 2, 2, 2)
 
 
-@pytest.mark.parametrize("bad", [0, -1, float("inf"), float("nan"), "5", True])
+# (10**400: an int no float holds, which asyncio would meet mid-request)
+BAD_SECONDS = [0, -1, float("inf"), float("nan"), "5", True, np.True_, 10**400, [1], b"5"]
+
+
+@pytest.mark.parametrize("bad", BAD_SECONDS)
 def test_a_timeout_must_be_positive_seconds_or_none(bad: Any) -> None:
     with pytest.raises(LocalProtocolError, match="keep_alive"):
         Timeouts(keep_alive=bad)
@@ -137,7 +141,7 @@ def test_a_timeout_must_be_positive_seconds_or_none(bad: Any) -> None:
         V2Server(timeouts=5)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("bad", [0, -1, float("inf"), float("nan"), "5", True])
+@pytest.mark.parametrize("bad", BAD_SECONDS)
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_a_client_timeout_must_be_positive_seconds_or_none(backend: str, bad: Any) -> None:
     # Refused as the client is made: not a TypeError in the middle of a
@@ -147,6 +151,9 @@ def test_a_client_timeout_must_be_positive_seconds_or_none(backend: str, bad: An
         client("127.0.0.1", 8000, timeout=bad)
     client("127.0.0.1", 8000, timeout=None)
     client("127.0.0.1", 8000, timeout=0.5)
+    # (a number of seconds, of numpy's)
+    client("127.0.0.1", 8000, timeout=np.float64(5.0))  # type: ignore[arg-type]
+    assert Timeouts(keep_alive=np.float64(5.0)).keep_alive == 5.0  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
