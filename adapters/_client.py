@@ -9,6 +9,7 @@ parsed as they are read, and read only as fast as the caller takes events.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any, NoReturn, cast
 
@@ -135,6 +136,17 @@ def _error(response: h11.Response, data: bytes) -> HTTPError:
     return error_message(response.status_code, data)
 
 
+def _from_the_connection(exc: Exception) -> bool:
+    """True for what reading or writing a closed connection raises (the
+    caller's own exceptions, thrown into a ``stream()`` block, are not)."""
+    if isinstance(exc, (RemoteProtocolError, OSError, h11.ProtocolError)):
+        return True
+    trio = sys.modules.get("trio")  # (loaded when a trio client is in use)
+    return trio is not None and isinstance(
+        exc, (trio.ClosedResourceError, trio.BrokenResourceError)
+    )
+
+
 def _cut_error(response: h11.Response, data: bytes, fault: RemoteProtocolError) -> HTTPError:
     """The error an error response stands for when its body could not be
     read whole: its status kept, with what was read (unless compressed) and
@@ -226,6 +238,7 @@ class ClientCore:
         self._conn: h11.Connection | None = None
         self._stream_to_close = False  # the server will not serve another request
         self._busy = False  # a request is in flight
+        self._closed_in_flight = False  # aclose() came while it was
 
     async def __aenter__(self) -> ClientCore:
         return self
@@ -234,7 +247,14 @@ class ClientCore:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the connection (a later call opens a new one)."""
+        """Close the connection (a later call opens a new one). A request
+        another task has in flight then fails with
+        :class:`binproto.LocalProtocolError`."""
+        if self._busy:
+            self._closed_in_flight = True
+        await self._drop_connection()
+
+    async def _drop_connection(self) -> None:
         stream, self._stream, self._conn = self._stream, None, None
         if stream is not None:
             await stream.aclose()
@@ -251,15 +271,24 @@ class ClientCore:
         self._busy = True
         try:
             yield
+        except Exception as exc:
+            if self._closed_in_flight and _from_the_connection(exc):
+                # What the closed connection made of the request (an end of
+                # stream, a closed resource) is not the server's fault.
+                raise LocalProtocolError(
+                    "the Client was closed while this request was in flight"
+                ) from exc
+            raise
         finally:
             self._busy = False
+            self._closed_in_flight = False
 
     async def _connection(self) -> tuple[ByteStream, h11.Connection]:
         stream = self._stream
         if stream is not None and capabilities(stream).probes_idle and _closed_or_busy(stream):
             # Between requests the server closed the connection (its keep-alive
             # timeout, most often) or sent what no request asked for: a new one.
-            await self.aclose()
+            await self._drop_connection()
         if self._stream is None or self._conn is None:
             self._stream = await self._open_stream()
             self._conn = h11.Connection(h11.CLIENT)
@@ -299,14 +328,14 @@ class ClientCore:
                 response = await self._head(stream, conn)
                 data = await self._small_body(stream, conn)
             except BaseException:
-                await self.aclose()
+                await self._drop_connection()
                 raise
             self._next_cycle(conn)
             if self._stream_to_close:
                 # The server closes after this response: so do we, and the next
                 # call opens a new connection.
                 self._stream_to_close = False
-                await self.aclose()
+                await self._drop_connection()
             return response.status_code, data
 
     async def _small_body(self, stream: ByteStream, conn: h11.Connection) -> bytes:
@@ -424,7 +453,7 @@ class ClientCore:
             finally:
                 if not ok or self._stream_to_close:
                     self._stream_to_close = False
-                    await self.aclose()
+                    await self._drop_connection()
 
     async def _raise_early_answer(
         self, stream: ByteStream, conn: h11.Connection, exc: ConnectionError

@@ -479,24 +479,46 @@ class SocketStream(_ReceiveInto):
         sock.setblocking(False)
         self._sock = sock
         self.timeout = timeout
+        self._waits = 0  # receives and sends under way (another task's, at a close)
+        self._closing = False
 
     async def receive_into(self, view: memoryview) -> int:
         """Receive up to ``len(view)`` bytes into ``view``; 0 at end of stream."""
         loop = asyncio.get_running_loop()
+        self._waits += 1
         try:
             return await _within(loop.sock_recv_into(self._sock, view), self.timeout)
         except ConnectionResetError:
             return 0
+        finally:
+            self._waited()
 
     async def send_all(self, buffers: Sequence[Any]) -> None:
         """Send each buffer in turn, from the caller's memory (never joined or copied)."""
         loop = asyncio.get_running_loop()
-        for buf in buffers:
-            await _within(loop.sock_sendall(self._sock, buf), self.timeout, _TAKE)
+        self._waits += 1
+        try:
+            for buf in buffers:
+                await _within(loop.sock_sendall(self._sock, buf), self.timeout, _TAKE)
+        finally:
+            self._waited()
 
     async def aclose(self) -> None:
-        """Close the connection."""
-        self._sock.close()
+        """Close the connection. A receive or send another task waits in ends
+        first (the socket is shut down: the event loop wakes it), then the
+        socket closes: closed under it, the wait would never end, and the
+        event loop would keep watching a descriptor a new socket may reuse."""
+        if self._waits:
+            self._closing = True
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
+        else:
+            self._sock.close()
+
+    def _waited(self) -> None:
+        self._waits -= 1
+        if self._closing and not self._waits:
+            self._sock.close()
 
     def is_readable(self) -> bool:
         """True when bytes or the end of the stream wait on the socket (see

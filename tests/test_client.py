@@ -519,3 +519,74 @@ def test_an_error_body_not_read_whole_keeps_its_status(zero_copy: bool, cut: str
     assert error.status == (500 if cut == "too long" else 400)
     assert why in error.message and "could not be read" in error.message
     assert error.message.startswith("xxxx" if cut == "too long" else "bad input")
+
+
+def _slow_server() -> V2Server:
+    """An echo model that answers after half a second."""
+    from binproto.adapters._server import Model
+
+    async def slow(request: Any) -> Any:
+        tensors = await request.tensors()
+        await asyncio.sleep(0.5)
+        return tensors
+
+    return V2Server(models=[Model("slow", slow)])
+
+
+@pytest.mark.parametrize("zero_copy", [True, False])
+def test_a_client_closed_by_another_task_ends_its_request_as_the_callers_error(
+    zero_copy: bool,
+) -> None:
+    # The request ends at once (it waited forever for a socket closed under
+    # it), blames no server, and the client, like any other, serves again.
+    async def main() -> None:
+        async with _serving(_slow_server()) as port:
+            c = Client("127.0.0.1", port, zero_copy=zero_copy, timeout=None)
+            first = asyncio.create_task(c.infer("slow", {"x": X}))
+            await asyncio.sleep(0.1)  # (its request sent, its answer awaited)
+            await c.aclose()
+            done, _ = await asyncio.wait({first}, timeout=0.3)  # (the answer comes at 0.5 s)
+            assert done, "the request went on waiting on the closed connection"
+            with pytest.raises(LocalProtocolError, match="closed while this request"):
+                await first
+            async with Client("127.0.0.1", port, timeout=10) as other:
+                assert (await other.get("/v2"))[0] == 200
+            assert (await c.get("/v2"))[0] == 200
+            await c.aclose()
+
+    _run(main)
+
+
+def test_a_trio_client_closed_by_another_task_ends_its_request_as_the_callers_error() -> None:
+    async def main() -> None:
+        srv = await start_server(_slow_server(), "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        outcome: list[BaseException] = []
+
+        def run_trio() -> None:
+            async def trio_main() -> None:
+                c = bt.Client("127.0.0.1", port, timeout=None)
+
+                async def request() -> None:
+                    try:
+                        await c.infer("slow", {"x": X})
+                    except BaseException as exc:  # (kept to check below)
+                        outcome.append(exc)
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(request)
+                    await trio.sleep(0.1)
+                    await c.aclose()
+                    with trio.fail_after(0.3):  # (the answer comes at 0.5 s)
+                        while not outcome:
+                            await trio.sleep(0.01)
+                assert (await c.get("/v2"))[0] == 200
+                await c.aclose()
+
+            trio.run(trio_main)
+
+        await asyncio.to_thread(run_trio)
+        await close_server(srv)
+        assert isinstance(outcome[0], LocalProtocolError), outcome
+
+    _run(main)
