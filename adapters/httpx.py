@@ -26,12 +26,15 @@ connection reset) or is malformed raises :class:`binproto.RemoteProtocolError`,
 never httpx's own errors; so does a response head httpx refuses (garbled,
 cut short, an upgrade, bad framing) in :func:`infer`, :func:`ainfer`,
 :func:`stream_infer` and :func:`astream_infer` (httpx's error is the
-``__cause__``). httpx's connect errors, write errors and timeouts are
-raised as they are.
+``__cause__``), unless this side closed the client meanwhile: then it is a
+:class:`binproto.LocalProtocolError`. httpx's connect errors, write errors
+and timeouts are raised as they are.
 """
 
 from __future__ import annotations
 
+import errno
+import sys
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
 from contextlib import AsyncExitStack, ExitStack, asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn, cast
@@ -179,7 +182,26 @@ def _said(exc: httpx.HTTPError) -> str:
     return str(exc) or f"httpx.{type(exc).__name__}"
 
 
-def _body_error(exc: httpx.HTTPError, offset: int) -> binproto.RemoteProtocolError:
+def _closed_here(exc: BaseException) -> bool:
+    """True when httpx's error stands for this side closing the connection
+    (the client closed by another task: anyio's ClosedResourceError, or a
+    socket closed under a read), not for the peer."""
+    anyio = sys.modules.get("anyio")  # (what an async httpx client runs on)
+    closed: tuple[type[BaseException], ...] = (anyio.ClosedResourceError,) if anyio else ()
+    cause = exc.__cause__ or exc.__context__
+    while cause is not None:
+        if isinstance(cause, closed) or (isinstance(cause, OSError) and cause.errno == errno.EBADF):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+def _body_error(exc: httpx.HTTPError, offset: int) -> binproto.ProtocolError:
+    if _closed_here(exc):
+        return LocalProtocolError(
+            "the httpx client was closed while the response was read (at byte"
+            f" {offset} of its body)"
+        )
     return binproto.RemoteProtocolError(
         f"the response body could not be read: {_said(exc)}", offset=offset
     )
@@ -254,12 +276,17 @@ class _ErrorBody:
 
 
 def _read_error(response: httpx.Response) -> HTTPError:
-    # httpx read (and decoded) the body already, e.g. for client.post().
-    return error_message(response.status_code, response.content[:MAX_ERROR_BODY])
+    # httpx read (and decoded) the body already, e.g. for client.post(); or it
+    # was taken, or closed unread, before: then the status is all there is.
+    try:
+        data = response.content
+    except httpx.StreamError:
+        return HTTPError(response.status_code, "(the error body was read or closed before)")
+    return error_message(response.status_code, data[:MAX_ERROR_BODY])
 
 
 def _raise_error_status(response: httpx.Response) -> NoReturn:
-    if response.is_stream_consumed:
+    if response.is_stream_consumed or response.is_closed:
         raise _read_error(response)
     body = _ErrorBody(response)
     with body.reading():
@@ -272,7 +299,7 @@ def _raise_error_status(response: httpx.Response) -> NoReturn:
 
 
 async def _araise_error_status(response: httpx.Response) -> NoReturn:
-    if response.is_stream_consumed:
+    if response.is_stream_consumed or response.is_closed:
         raise _read_error(response)
     body = _ErrorBody(response)
     with body.reading():
@@ -413,7 +440,9 @@ def _encode(inputs: Any, options: dict[str, Any]) -> EncodedBody:
     return binproto.encode_request(inputs, **options)
 
 
-def _head_error(exc: httpx.RemoteProtocolError) -> binproto.RemoteProtocolError:
+def _head_error(exc: httpx.HTTPError) -> binproto.ProtocolError:
+    if _closed_here(exc):
+        return LocalProtocolError("the httpx client was closed while the response head was read")
     return binproto.RemoteProtocolError(f"the response head could not be read: {_said(exc)}")
 
 
@@ -430,7 +459,7 @@ def _post(
             response = stack.enter_context(
                 client.stream("POST", path, content=content, headers=headers)
             )
-        except httpx.RemoteProtocolError as exc:
+        except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
             raise _head_error(exc) from exc
         yield response
 
@@ -450,7 +479,7 @@ async def _apost(
             response = await stack.enter_async_context(
                 client.stream("POST", path, content=content, headers=headers)
             )
-        except httpx.RemoteProtocolError as exc:
+        except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
             raise _head_error(exc) from exc
         yield response
 

@@ -543,6 +543,50 @@ def test_a_broken_response_head_is_a_protocol_error(mode: str, head: bytes) -> N
     assert isinstance(info.value.__cause__, httpx.RemoteProtocolError)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("head", [b"", b"HTTP/1.1 200 OK\r\nContent-Le"], ids=["none", "part"])
+def test_a_response_head_cut_by_a_reset_is_a_protocol_error(mode: str, head: bytes) -> None:
+    with pytest.raises(binproto.RemoteProtocolError, match="response head") as info:
+        infer_from(head, mode, reset=True)
+    assert isinstance(info.value.__cause__, httpx.ReadError)
+
+
+def test_an_error_response_read_or_closed_before_still_gives_its_status() -> None:
+    body = binproto.encode_request({"x": np.ones(3, dtype=np.float32)})
+    content, headers = bytes(body), bphttpx.request_headers(body)
+    reply = error_reply("500 Oops", b'{"error": "out of memory"}')
+    with canned_server(reply) as url, httpx.Client(base_url=url) as client:
+        with client.stream("POST", "/v2/models/m/infer", content=content, headers=headers) as r:
+            with pytest.raises(bphttpx.HTTPError, match="out of memory"):
+                bphttpx.read_response(r)
+            with pytest.raises(bphttpx.HTTPError, match="read or closed before") as info:
+                bphttpx.read_response(r)  # (its body taken by the first call)
+            assert info.value.status == 500
+    with canned_server(reply) as url, httpx.Client(base_url=url) as client:
+        with client.stream("POST", "/v2/models/m/infer", content=content, headers=headers) as r:
+            pass  # closed unread
+        with pytest.raises(bphttpx.HTTPError, match="read or closed before"):
+            bphttpx.read_response(r)
+
+
+def test_a_client_closed_while_its_response_is_read_is_the_callers_error() -> None:
+    # Another task closes the client: httpx says ReadError, the peer did nothing.
+    fields, body = v2_response(np.arange(1000, dtype=np.float32))
+    head = b"HTTP/1.1 200 OK\r\n" + fields + f"Content-Length: {len(body)}\r\n\r\n".encode()
+    inputs = {"x": np.ones(3, dtype=np.float32)}
+
+    async def go(url: str) -> None:
+        async with httpx.AsyncClient(base_url=url) as client:
+            with pytest.raises(binproto.LocalProtocolError, match="closed while"):
+                async with bphttpx.astream_infer(client, "echo", inputs) as events:
+                    await client.aclose()
+                    async for _ in events:
+                        pass
+
+    with canned_server(head + body[:200]) as url:
+        asyncio.run(go(url))
+
+
 def test_a_broken_response_head_is_a_protocol_error_when_streamed() -> None:
     inputs = {"x": np.ones(3, dtype=np.float32)}
     with canned_server(BROKEN_HEADS["garbage"]) as url, httpx.Client(base_url=url) as client:
