@@ -143,13 +143,28 @@ def request_headers(body: EncodedBody, headers: Mapping[str, str] | None = None)
     ``Accept-Encoding`` is ``identity`` (httpx would otherwise offer gzip and
     more): compressing tensors costs the server far more time than it saves on
     a fast link. Ask for compression with ``headers={"Accept-Encoding":
-    ACCEPT_ENCODING}`` (the codings binproto decodes).
+    ACCEPT_ENCODING}`` (the codings binproto decodes). A header of
+    ``headers`` replaces one of the same name in any case; the headers that
+    frame the body (Content-Length, Transfer-Encoding, Content-Encoding,
+    Inference-Header-Content-Length) come from the body only: giving one is
+    a :class:`binproto.LocalProtocolError` (a body sent under other framing
+    would be cut or run on).
     """
     out = {str(k): str(v) for k, v in body.headers}
     out["Accept-Encoding"] = "identity"
-    if headers:
-        out.update(headers)
+    for name, value in (headers or {}).items():
+        key = str(name).lower()
+        if key in _FRAMING:
+            raise LocalProtocolError(f"the {name} header comes from the body: it cannot be given")
+        for same in [k for k in out if k.lower() == key]:
+            del out[same]
+        out[name] = value
     return out
+
+
+_FRAMING = frozenset(
+    {"content-length", "transfer-encoding", "content-encoding", "inference-header-content-length"}
+)
 
 
 def parser_for_response(

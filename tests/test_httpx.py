@@ -730,3 +730,24 @@ def test_256mib_response_client_memory_bounded(server: Server) -> None:
     # The request is sent from the caller's array and the response lands in one
     # new array: one payload, plus pieces of a MiB.
     assert peak <= 1.1 * payload, peak / payload
+
+
+@pytest.mark.parametrize(
+    "name", ["Content-Length", "content-length", "Transfer-Encoding", "Content-Encoding",
+             "inference-header-content-length"],
+)  # fmt: skip
+def test_a_framing_header_given_by_the_caller_is_refused(name: str) -> None:
+    body = binproto.encode_request({"x": np.ones(3, dtype=np.float32)})
+    with pytest.raises(binproto.LocalProtocolError, match="comes from the body"):
+        bphttpx.request_headers(body, {name: "5"})
+    with httpx.Client(base_url="http://test", transport=EchoTransport()) as client:
+        with pytest.raises(binproto.LocalProtocolError, match="comes from the body"):
+            bphttpx.infer(client, "echo", {"x": np.ones(3, dtype=np.float32)}, headers={name: "5"})
+
+
+def test_a_callers_header_replaces_one_of_the_same_name_in_any_case() -> None:
+    body = binproto.encode_request({"x": np.ones(3, dtype=np.float32)})
+    out = bphttpx.request_headers(body, {"accept-encoding": "gzip", "X-Trace": "1"})
+    assert [k for k in out if k.lower() == "accept-encoding"] == ["accept-encoding"]
+    assert out["accept-encoding"] == "gzip" and out["X-Trace"] == "1"
+    assert out["Content-Length"] == str(body.content_length)
