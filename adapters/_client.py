@@ -9,6 +9,7 @@ parsed as they are read, and read only as fast as the caller takes events.
 from __future__ import annotations
 
 import contextlib
+import errno
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any, NoReturn, cast
@@ -139,7 +140,9 @@ def _error(response: h11.Response, data: bytes) -> HTTPError:
 def _from_the_connection(exc: Exception) -> bool:
     """True for what reading or writing a closed connection raises (the
     caller's own exceptions, thrown into a ``stream()`` block, are not)."""
-    if isinstance(exc, (RemoteProtocolError, OSError, h11.ProtocolError)):
+    if isinstance(exc, (RemoteProtocolError, ConnectionError, h11.ProtocolError)):
+        return True
+    if isinstance(exc, OSError) and exc.errno == errno.EBADF:  # a socket closed under a call
         return True
     trio = sys.modules.get("trio")  # (loaded when a trio client is in use)
     return trio is not None and isinstance(
@@ -239,6 +242,7 @@ class ClientCore:
         self._stream_to_close = False  # the server will not serve another request
         self._busy = False  # a request is in flight
         self._closed_in_flight = False  # aclose() came while it was
+        self._failing = False  # it failed on its own (a close in its cleanup is not the cause)
 
     async def __aenter__(self) -> ClientCore:
         return self
@@ -250,7 +254,7 @@ class ClientCore:
         """Close the connection (a later call opens a new one). A request
         another task has in flight then fails with
         :class:`binproto.LocalProtocolError`."""
-        if self._busy:
+        if self._busy and not self._failing:
             self._closed_in_flight = True
         await self._drop_connection()
 
@@ -282,6 +286,7 @@ class ClientCore:
         finally:
             self._busy = False
             self._closed_in_flight = False
+            self._failing = False
 
     async def _connection(self) -> tuple[ByteStream, h11.Connection]:
         stream = self._stream
@@ -290,8 +295,11 @@ class ClientCore:
             # timeout, most often) or sent what no request asked for: a new one.
             await self._drop_connection()
         if self._stream is None or self._conn is None:
-            self._stream = await self._open_stream()
-            self._conn = h11.Connection(h11.CLIENT)
+            stream = await self._open_stream()
+            if self._closed_in_flight:  # aclose() came while it was opening
+                await stream.aclose()
+                raise LocalProtocolError("the Client was closed while this request was in flight")
+            self._stream, self._conn = stream, h11.Connection(h11.CLIENT)
         return self._stream, self._conn
 
     async def _head(self, stream: ByteStream, conn: h11.Connection) -> h11.Response:
@@ -328,6 +336,7 @@ class ClientCore:
                 response = await self._head(stream, conn)
                 data = await self._small_body(stream, conn)
             except BaseException:
+                self._failing = True
                 await self._drop_connection()
                 raise
             self._next_cycle(conn)
@@ -362,8 +371,15 @@ class ClientCore:
                         f"the response body is longer than {MAX_ERROR_BODY} bytes"
                     )
                     return bytes(out[:MAX_ERROR_BODY]), fault
-        except RemoteProtocolError as exc:  # cut short, or badly framed
-            return bytes(out), exc
+        except Exception as exc:  # cut short, badly framed, or the connection reset
+            if not _from_the_connection(exc):
+                raise
+            fault = (
+                exc
+                if isinstance(exc, RemoteProtocolError)
+                else RemoteProtocolError(str(exc) or type(exc).__name__)
+            )
+            return bytes(out), fault
 
     def _next_cycle(self, conn: h11.Connection) -> None:
         # (A response framed by the close ends DONE/DONE too: the peer has
@@ -444,6 +460,7 @@ class ClientCore:
                     self._stream_to_close = _closes(response) or closed or bool(len(extra))
                     ok = True
             except BaseException as exc:
+                self._failing = True
                 # The fault keeps frames that reach the response (the caller's
                 # ``infer`` frame, say): its arrays go now, not when it is collected.
                 _drop_locals(exc)
@@ -463,11 +480,13 @@ class ClientCore:
         else ``exc``."""
         try:
             response = await self._head(stream, conn)
-            data = await self._small_body(stream, conn)
+            data, fault = await self._read_small(stream, conn)
         except Exception:
             raise exc from None
         if response.status_code == 200:
             raise exc
+        if fault is not None:
+            raise _cut_error(response, data, fault) from exc
         raise _error(response, data) from exc
 
     async def _send_request(

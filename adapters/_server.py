@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import numbers
 import re
 import time
 import traceback
@@ -267,10 +268,11 @@ def seconds_or_none(value: Any, what: str) -> float | None:
     if value is None:
         return None
     try:
-        seconds = None if isinstance(value, (bool, np.bool_)) else float(value)
-    except (TypeError, ValueError, OverflowError):  # (str: "5" is no number of seconds)
+        real = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+        seconds = float(value) if real else None
+    except OverflowError:
         seconds = None
-    if isinstance(value, (str, bytes)) or seconds is None or not 0 < seconds < math.inf:
+    if seconds is None or not 0 < seconds < math.inf:
         raise LocalProtocolError(
             f"{what} must be a positive number of seconds or None, got {value!r}"
         )
@@ -305,7 +307,12 @@ class Timeouts:
 
     def __post_init__(self) -> None:
         for name in ("keep_alive", "head", "body", "write"):
-            seconds_or_none(getattr(self, name), f"timeout {name}")
+            value = getattr(self, name)
+            seconds = seconds_or_none(value, f"timeout {name}")
+            if type(value) not in (int, float):
+                # A number of another kind (numpy's) kept as a float: the
+                # server adds it to the clock (frozen: set directly).
+                object.__setattr__(self, name, seconds)
 
     @classmethod
     def every(cls, seconds: float | None) -> Timeouts:

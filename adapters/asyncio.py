@@ -141,11 +141,14 @@ async def _closed_within(
     buffered, with no deadline: a peer that stopped reading would keep the
     connection (a file descriptor, the unsent bytes) for as long as it likes."""
     waiting = asyncio.ensure_future(closed)  # (a timeout must not cancel the close itself)
+    # (How the peer left, a reset say, is no news here: a close never raises it.)
     try:
         await _within(asyncio.shield(waiting), timeout, _TAKE)
     except TimeoutError:
         transport.abort()
-    with contextlib.suppress(OSError):  # (how the peer left is no news here)
+    except OSError:
+        pass
+    with contextlib.suppress(OSError):
         await waiting
 
 
@@ -417,8 +420,9 @@ class _ReceiveInto(_WorkerThreads):
         """Up to ``max_bytes`` bytes; ``b""`` at end of stream."""
         buf = bytearray(max_bytes)
         n = await self.receive_into(memoryview(buf))
-        del buf[n:]
-        return bytes(buf)
+        # A copy of what came, not a resize of buf: a view of it can outlive
+        # the receive (a swallowed reset's traceback keeps the frame).
+        return bytes(memoryview(buf)[:n])
 
 
 async def _write_all(

@@ -203,12 +203,17 @@ def _closed_here(exc: BaseException) -> bool:
     socket closed under a read), not for the peer."""
     anyio = sys.modules.get("anyio")  # (what an async httpx client runs on)
     closed: tuple[type[BaseException], ...] = (anyio.ClosedResourceError,) if anyio else ()
-    cause = exc.__cause__ or exc.__context__
-    while cause is not None:
-        if isinstance(cause, closed) or (isinstance(cause, OSError) and cause.errno == errno.EBADF):
-            return True
-        cause = cause.__cause__ or cause.__context__
-    return False
+    # Down httpx's and httpcore's own errors (raised from, or while handling,
+    # another) to the first of another library's: what happened. (Past it,
+    # the context may be whatever the caller was handling.)
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and type(link).__module__.partition(".")[0] in ("httpx", "httpcore"):
+        if id(link) in seen:
+            return False
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
+    return isinstance(link, closed) or (isinstance(link, OSError) and link.errno == errno.EBADF)
 
 
 def _body_error(exc: httpx.HTTPError, offset: int) -> binproto.ProtocolError:

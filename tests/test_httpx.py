@@ -4,6 +4,7 @@ under uvicorn, and against in-process transports for framing and encodings."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import gzip
 import json
 import socket
@@ -751,3 +752,22 @@ def test_a_callers_header_replaces_one_of_the_same_name_in_any_case() -> None:
     assert [k for k in out if k.lower() == "accept-encoding"] == ["accept-encoding"]
     assert out["accept-encoding"] == "gzip" and out["X-Trace"] == "1"
     assert out["Content-Length"] == str(body.content_length)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_reset_met_while_the_caller_handles_another_error_is_still_the_peers(mode: str) -> None:
+    # The error the caller was handling (an EBADF of its own) is the context
+    # of httpx's, not its cause: the reset is the peer's.
+    try:
+        raise OSError(errno.EBADF, "the caller's own")
+    except OSError:
+        with pytest.raises(binproto.RemoteProtocolError, match="response head"):
+            infer_from(b"", mode, reset=True)
+
+
+def test_a_cyclic_chain_of_causes_is_walked_once() -> None:
+    read_error = httpx.ReadError("reset")
+    reset = ConnectionResetError("reset")
+    read_error.__cause__ = reset
+    reset.__cause__ = read_error  # (re-raising a kept exception makes such loops)
+    assert bphttpx._closed_here(read_error) is False

@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from decimal import Decimal
 from typing import Any
 
 import h11
@@ -130,7 +131,8 @@ def test_defaults_are_those_of_production_servers() -> None:
 
 
 # (10**400: an int no float holds, which asyncio would meet mid-request)
-BAD_SECONDS = [0, -1, float("inf"), float("nan"), "5", True, np.True_, 10**400, [1], b"5"]
+BAD_SECONDS = [0, -1, float("inf"), float("nan"), "5", True, np.True_, 10**400, [1], b"5",
+               bytearray(b"5"), np.complex128(5 + 1j), Decimal("5")]  # fmt: skip
 
 
 @pytest.mark.parametrize("bad", BAD_SECONDS)
@@ -404,3 +406,12 @@ def test_a_pipelined_head_that_stalls_is_cut_at_its_deadline(backend: str) -> No
     first, _, rest = received.partition(b"HTTP/1.1 408 ")
     assert first.startswith(b"HTTP/1.1 200 ") and b"request head" in rest, received[:400]
     assert elapsed < 5
+
+
+def test_a_timeout_is_kept_as_a_float() -> None:
+    # (the server adds it to the clock: a Decimal would fail there, per request)
+    with pytest.raises(LocalProtocolError, match="head"):
+        Timeouts(head=Decimal("5"))  # type: ignore[arg-type]
+    kept = Timeouts(keep_alive=np.float32(2.5), head=3)  # type: ignore[arg-type]
+    assert type(kept.keep_alive) is float and kept.keep_alive == 2.5
+    assert kept.head == 3
