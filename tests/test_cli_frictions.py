@@ -399,3 +399,39 @@ def test_inspect_json_of_infinities_is_json(tmp_path: Path) -> None:
     assert result.returncode == 0 and result.stderr == "", result.stderr
     summary = json.loads(result.stdout, parse_constant=lambda token: pytest.fail(token))
     assert summary["tensors"][0]["mean"] == "nan"
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chown needs root")
+def test_an_encode_over_another_owners_or_a_setuid_file_keeps_owner_and_bits(
+    tmp_path: Path,
+) -> None:
+    # A new file put in its place would be root's, with root's group, and
+    # would carry the setuid bit to root.
+    np.save(tmp_path / "a.npy", np.zeros(4, dtype=np.float32))
+    theirs = tmp_path / "theirs.bin"
+    theirs.write_bytes(b"old")
+    os.chown(theirs, 12345, 12345)
+    theirs.chmod(0o660)
+    setuid = tmp_path / "setuid.bin"
+    setuid.write_bytes(b"old")
+    setuid.chmod(0o4755)
+    for target in (theirs, setuid):
+        before = target.stat()
+        done = _cli("encode", "x=a.npy", "-o", target.name, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        after = target.stat()
+        assert (after.st_uid, after.st_gid, after.st_mode) == (
+            before.st_uid,
+            before.st_gid,
+            before.st_mode,
+        )
+        assert after.st_ino == before.st_ino and target.read_bytes().startswith(b"{")
+
+
+def test_an_output_path_that_cannot_be_resolved_is_named_as_given(tmp_path: Path) -> None:
+    np.save(tmp_path / "a.npy", np.zeros(4, dtype=np.float32))
+    (tmp_path / "loop1").symlink_to("loop2")
+    (tmp_path / "loop2").symlink_to("loop1")
+    result = _cli("encode", "x=a.npy", "-o", "loop1", cwd=tmp_path)
+    _one_line_error(result, "encode", "'loop1'")
+    assert str(tmp_path) not in result.stderr

@@ -599,8 +599,9 @@ def _write_file(path: str, pieces: Iterable[Any]) -> int:
     place only once whole: a write that fails (a full disk, a file size limit)
     leaves no half-written file, and a file already at ``path`` as it was,
     with its mode. Written in place instead: a device or pipe (/dev/null), a
-    file with other hard links (they keep sharing it), and a file in a
-    directory no new file can be made in."""
+    file with other hard links (they keep sharing it), a file of another
+    owner or group or with setuid/setgid/sticky bits (a new file would not
+    keep them), and a file in a directory no new file can be made in."""
     if os.path.exists(path) and not os.path.isfile(path):
         return _write_in_place(path, pieces)  # (open() refuses a directory)
     target = os.path.realpath(path)  # a symlink's file is replaced, not the link
@@ -608,10 +609,16 @@ def _write_file(path: str, pieces: Iterable[Any]) -> int:
         old = os.stat(target)
     except FileNotFoundError:
         old = None
+    except OSError as exc:  # (a symlink loop, say)
+        raise OSError(exc.errno, exc.strerror, path) from None
     if old is not None:
         if not os.access(target, os.W_OK):  # as open() would refuse it
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
-        if old.st_nlink > 1:
+        special = old.st_mode & (stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX)
+        theirs = (old.st_uid, old.st_gid) != (os.geteuid(), os.getegid())
+        if old.st_nlink > 1 or special or theirs:
+            # A new file would split its links, or take our owner (another
+            # user's file, or root's over a user's) and its special bits.
             return _write_in_place(path, pieces)
     name = f".{os.path.basename(target)}.{secrets.token_hex(6)}.tmp"
     temporary = os.path.join(os.path.dirname(target), name)
