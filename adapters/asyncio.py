@@ -169,8 +169,12 @@ class StreamsStream(_WorkerThreads):
         self.timeout = timeout
 
     async def receive_some(self, max_bytes: int) -> bytes:
-        """Up to ``max_bytes`` bytes; ``b""`` at end of stream."""
-        return await _within(self._reader.read(max_bytes), self.timeout)
+        """Up to ``max_bytes`` bytes; ``b""`` at end of stream (a reset ends
+        it too, as for :class:`SocketStream`: what is missing says the rest)."""
+        try:
+            return await _within(self._reader.read(max_bytes), self.timeout)
+        except ConnectionResetError:
+            return b""
 
     async def send_all(self, buffers: Sequence[Any]) -> None:
         """Write the buffers in order (small ones gathered, big ones never joined)."""

@@ -206,13 +206,18 @@ def _closed_here(exc: BaseException) -> bool:
     # Down httpx's and httpcore's own errors (raised from, or while handling,
     # another) to the first of another library's: what happened. (Past it,
     # the context may be whatever the caller was handling.)
+    httpcore = sys.modules.get("httpcore")
+    network = (httpx.NetworkError, httpcore.NetworkError) if httpcore else (httpx.NetworkError,)
     seen: set[int] = set()
     link: BaseException | None = exc
     while link is not None and type(link).__module__.partition(".")[0] in ("httpx", "httpcore"):
         if id(link) in seen:
             return False
         seen.add(id(link))
-        link = link.__cause__ or link.__context__
+        # (httpcore raises a network error inside the handler of the error
+        # it stands for; any other of its errors, raised with no cause, has
+        # the caller's for a context)
+        link = link.__cause__ or (link.__context__ if isinstance(link, network) else None)
     return isinstance(link, closed) or (isinstance(link, OSError) and link.errno == errno.EBADF)
 
 

@@ -435,3 +435,18 @@ def test_an_output_path_that_cannot_be_resolved_is_named_as_given(tmp_path: Path
     result = _cli("encode", "x=a.npy", "-o", "loop1", cwd=tmp_path)
     _one_line_error(result, "encode", "'loop1'")
     assert str(tmp_path) not in result.stderr
+
+
+def test_an_encode_over_a_file_where_os_has_no_user_ids(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (Windows: no os.geteuid; the file is replaced as on any other platform)
+    from binproto.cli import main
+
+    np.save(tmp_path / "a.npy", np.zeros(4, dtype=np.float32))
+    (tmp_path / "o.bin").write_bytes(b"old")
+    monkeypatch.delattr(os, "geteuid")
+    monkeypatch.delattr(os, "getegid")
+    monkeypatch.chdir(tmp_path)
+    assert main(["encode", "x=a.npy", "-o", "o.bin", "--headers-out", "o.h"]) == 0
+    assert (tmp_path / "o.bin").read_bytes().startswith(b"{")

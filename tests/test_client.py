@@ -656,3 +656,19 @@ def test_the_callers_own_exception_in_a_stream_block_is_kept_when_the_client_is_
                     open("/nonexistent/dir/out.npy", "rb")
 
     _run(main)
+
+
+@pytest.mark.parametrize("zero_copy", [True, False])
+def test_a_response_body_cut_by_a_reset_is_a_protocol_error(zero_copy: bool) -> None:
+    # (zero_copy=False: a bare ConnectionResetError before)
+    body, hl = _response({"y": X})
+    head = b"HTTP/1.1 200 OK\r\nInference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
+
+    async def main() -> None:
+        answer = head % (hl, len(body)) + body[:-8]
+        async with _canned(lambda _: answer, reset=True) as (port, _):
+            async with Client("127.0.0.1", port, zero_copy=zero_copy, timeout=10) as c:
+                with pytest.raises(RemoteProtocolError, match="missing"):
+                    await c.infer("m", {"x": X})
+
+    _run(main)

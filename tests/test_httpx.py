@@ -755,14 +755,18 @@ def test_a_callers_header_replaces_one_of_the_same_name_in_any_case() -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_a_reset_met_while_the_caller_handles_another_error_is_still_the_peers(mode: str) -> None:
+@pytest.mark.parametrize("reset", [True, False], ids=["reset", "closed"])
+def test_a_fault_met_while_the_caller_handles_another_error_is_still_the_peers(
+    mode: str, reset: bool
+) -> None:
     # The error the caller was handling (an EBADF of its own) is the context
-    # of httpx's, not its cause: the reset is the peer's.
+    # of httpx's, not its cause: a reset, or a close with no answer (which
+    # httpcore raises with no cause), is the peer's.
     try:
         raise OSError(errno.EBADF, "the caller's own")
     except OSError:
         with pytest.raises(binproto.RemoteProtocolError, match="response head"):
-            infer_from(b"", mode, reset=True)
+            infer_from(b"", mode, reset=reset)
 
 
 def test_a_cyclic_chain_of_causes_is_walked_once() -> None:

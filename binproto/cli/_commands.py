@@ -615,7 +615,10 @@ def _write_file(path: str, pieces: Iterable[Any]) -> int:
         if not os.access(target, os.W_OK):  # as open() would refuse it
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
         special = old.st_mode & (stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX)
-        theirs = (old.st_uid, old.st_gid) != (os.geteuid(), os.getegid())
+        theirs = hasattr(os, "geteuid") and (old.st_uid, old.st_gid) != (
+            os.geteuid(),
+            os.getegid(),
+        )
         if old.st_nlink > 1 or special or theirs:
             # A new file would split its links, or take our owner (another
             # user's file, or root's over a user's) and its special bits.
