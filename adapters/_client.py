@@ -137,6 +137,9 @@ def _error(response: h11.Response, data: bytes) -> HTTPError:
     return error_message(response.status_code, data)
 
 
+_CLOSED_IN_FLIGHT = "the Client was closed while this request was in flight"
+
+
 def _from_the_connection(exc: Exception) -> bool:
     """True for what reading or writing a closed connection raises (the
     caller's own exceptions, thrown into a ``stream()`` block, are not)."""
@@ -279,9 +282,7 @@ class ClientCore:
             if self._closed_in_flight and _from_the_connection(exc):
                 # What the closed connection made of the request (an end of
                 # stream, a closed resource) is not the server's fault.
-                raise LocalProtocolError(
-                    "the Client was closed while this request was in flight"
-                ) from exc
+                raise LocalProtocolError(_CLOSED_IN_FLIGHT) from exc
             raise
         finally:
             self._busy = False
@@ -298,7 +299,7 @@ class ClientCore:
             stream = await self._open_stream()
             if self._closed_in_flight:  # aclose() came while it was opening
                 await stream.aclose()
-                raise LocalProtocolError("the Client was closed while this request was in flight")
+                raise LocalProtocolError(_CLOSED_IN_FLIGHT)
             self._stream, self._conn = stream, h11.Connection(h11.CLIENT)
         return self._stream, self._conn
 

@@ -195,12 +195,13 @@ class TensorAssembler:
         if array is None:
             # The tensor's own array (its size is the validated binary_size);
             # BYTES stays bytes until complete (then split).
-            bytes_ = info.datatype == "BYTES"
+            shape: tuple[int, ...]
+            if info.datatype == "BYTES":
+                shape, dtype = (info.binary_size or 0,), _BYTE
+            else:
+                shape, dtype = info.shape, DTYPES[info.datatype]
             try:
-                array = np.empty(
-                    info.binary_size if bytes_ else info.shape,
-                    _BYTE if bytes_ else DTYPES[info.datatype],
-                )
+                array = np.empty(shape, dtype)
             except MemoryError:
                 # A size within the limits, but more memory than the system
                 # grants (possible when the body's length is not known up front).

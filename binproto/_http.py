@@ -118,7 +118,7 @@ class HeaderFields:
         value = self._raw.get(wanted)
         if value is None:
             return None
-        text = (value.decode("latin-1") if isinstance(value, bytes) else value).strip(_OWS)
+        text = _text(value).strip(_OWS)
         if self._repeats and wanted in self._repeats:
             for other in self._repeats[wanted]:
                 if _text(other).strip(_OWS) != text:

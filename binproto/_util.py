@@ -96,8 +96,6 @@ def whole_number(value: Any, what: str, *, positive: bool = False) -> int:
 def index_below(value: Any, count: int) -> int | None:
     """``value`` as an index below ``count`` (any integer type, not a bool),
     or None when it is no such index."""
-    if type(value) is int:  # the parser's own indices: nothing to convert
-        return value if 0 <= value < count else None
     try:
         index = whole_number(value, "an index")
     except LocalProtocolError:
