@@ -73,6 +73,7 @@ from binproto._decode import decode
 from binproto._http import error_text
 from binproto._parser import DEFAULT_LIMITS, check_arguments
 from binproto._util import (
+    GATHER_BELOW,
     aligned_arrays,
     aligned_copy,
     as_byte_view,
@@ -476,9 +477,16 @@ async def _send_raw(
     chunk_size: int,
 ) -> None:
     """:func:`send_buffers` with headers already as ASGI wants them."""
+    await _send_pieces(send, _pieces(buffers, chunk_size), status, raw_headers)
+
+
+async def _send_pieces(
+    send: Send, pieces: Iterable[Any], status: int, raw_headers: list[tuple[bytes, bytes]]
+) -> None:
+    """Send a response's start, then each of ``pieces`` as a body message."""
     await send({"type": "http.response.start", "status": status, "headers": raw_headers})
     held: Any = b""
-    for piece in _pieces(buffers, chunk_size):
+    for piece in pieces:
         if len(held):
             await send({"type": "http.response.body", "body": held, "more_body": True})
         held = piece
@@ -584,10 +592,19 @@ class EncodedResponse(BufferResponse):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Send the response (an ASGI application)."""
-        buffers: Iterable[Any] = self.buffers
-        if self.encoding is not None:
-            buffers = compress_buffers(buffers, self.encoding, level=self.compression_level)
-        await _send_raw(send, buffers, self.status_code, self.raw_headers, self.chunk_size)
+        length = self.encoded.content_length
+        if self.encoding is None and length < GATHER_BELOW and length <= self.chunk_size:
+            # A small body is one message, as _pieces would send it; its
+            # length is known, so the buffers are joined without weighing each.
+            pieces: Iterable[Any] = (
+                b"".join([b if type(b) is bytes else as_byte_view(b) for b in self.buffers]),
+            )
+        else:
+            buffers: Iterable[Any] = self.buffers
+            if self.encoding is not None:
+                buffers = compress_buffers(buffers, self.encoding, level=self.compression_level)
+            pieces = _pieces(buffers, self.chunk_size)
+        await _send_pieces(send, pieces, self.status_code, self.raw_headers)
         if self.background is not None:
             await self.background()
 

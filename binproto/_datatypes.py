@@ -97,8 +97,9 @@ def datatype_for_dtype(dtype: np.dtype[Any]) -> DataType | None:
     Byte strings (``S``), unicode (``U``) and object arrays map to BYTES;
     ``ml_dtypes.bfloat16`` maps to BF16.
     """
-    if dtype.kind in "OSU":
+    kind = dtype.kind
+    if kind in "OSU":
         return DATATYPES["BYTES"]
-    if HAVE_ML_DTYPES and dtype == BF16_DTYPE:
-        return DATATYPES["BF16"]
-    return _BY_KIND_SIZE.get((dtype.kind, dtype.itemsize))
+    if kind == "V":  # (bfloat16's kind: no other dtype is compared with it)
+        return DATATYPES["BF16"] if HAVE_ML_DTYPES and dtype == BF16_DTYPE else None
+    return _BY_KIND_SIZE.get((kind, dtype.itemsize))

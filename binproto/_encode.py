@@ -91,7 +91,7 @@ class Tensor:
     parameters: Mapping[str, Any] | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True)
 class EncodedBody:
     """An encoded request or response body.
 
@@ -107,6 +107,8 @@ class EncodedBody:
 
     ``bytes(body)`` joins the buffers (a copy: for small bodies and tests);
     iterating a body yields its buffers, so ``writer.writelines(body)`` works.
+    Read its fields, do not change them: the lengths describe the buffers
+    (a plain record, not a frozen one, as one is made for every message).
     """
 
     json: bytes
@@ -138,7 +140,7 @@ class EncodedBody:
 # -- preparing tensors -----------------------------------------------------------
 
 
-@dataclass(slots=True, kw_only=True)
+@dataclass(slots=True)
 class _Prepared:
     """A tensor in wire form, before it is placed in JSON or in the body."""
 
@@ -284,9 +286,10 @@ def _prepare(name: Any, value: Any, datatype: str | None, params: Any, role: str
             f"{label}: '{_SHARED_MEMORY}' is for a tensor in shared memory, not one sent"
             " with its data"
         )
-    prep = _Prepared(name=name, datatype="", shape=[], parameters=parameters)
+    prep = _Prepared(name, "", [], parameters)
 
-    if isinstance(value, (bool, int, float, str, bytes)):
+    # (an array, the common case, is not looked for among the scalar types)
+    if type(value) is not np.ndarray and isinstance(value, (bool, int, float, str, bytes)):
         # A Python scalar is a 0-d tensor of the type numpy gives it (BOOL,
         # INT64, FP64, BYTES), as a numpy scalar would be.
         if isinstance(value, int) and not -(2**63) <= value < 2**63:
@@ -425,7 +428,7 @@ def _is_utf8(data: bytes) -> bool:
 
 def _floatless(params: Mapping[str, Any]) -> bool:
     """True when checked parameters hold no float (see dumps_header's ``plain``)."""
-    return float not in map(type, params.values())
+    return not params or float not in map(type, params.values())
 
 
 def _place(
@@ -579,12 +582,7 @@ def _body(
     for b in buffers:
         content_length += b.nbytes if isinstance(b, memoryview) else len(b)
     header_length = len(header) if binary else None
-    return EncodedBody(
-        json=header,
-        buffers=[header, *buffers],
-        header_length=header_length,
-        content_length=content_length,
-    )
+    return EncodedBody(header, [header, *buffers], header_length, content_length)
 
 
 def _binary_choice(binary: Any, prepared: list[_Prepared], role: str) -> list[bool]:

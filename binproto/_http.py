@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import NamedTuple
 
 from ._compression import normalize_encoding, unsupported_encoding
@@ -67,6 +67,10 @@ class HeaderFields:
     different values is an error when it is looked up, as with
     :func:`header_value`. :func:`body_claims` of the same fields reads them
     once and keeps its result with them.
+
+    ``only``, when given, holds the lower-cased names to keep, each as ``str``
+    and as ``bytes`` (a bytes name is matched before it is decoded); the other
+    headers are dropped (their names and values must still be text).
     """
 
     __slots__ = ("_claims", "_raw", "_repeats")
@@ -77,6 +81,8 @@ class HeaderFields:
         | Mapping[bytes, bytes]
         | Iterable[tuple[str, str]]
         | Iterable[tuple[bytes, bytes]],
+        *,
+        only: Collection[str | bytes] | None = None,
     ) -> None:
         # Only the names are read here; a value is decoded when it is looked
         # up (a server reads four of a request's headers, of any number).
@@ -88,14 +94,15 @@ class HeaderFields:
         else:
             items = headers.items() if isinstance(headers, Mapping) else headers
         for key, value in items:
-            if type(key) is bytes:  # (as servers give them: the cheapest test first)
-                name = key.decode("latin-1").lower()
-            elif isinstance(key, str):
-                name = key.lower()
-            else:
-                raise _not_text(key, value)
             if type(value) is not bytes and not isinstance(value, (str, bytes)):
                 raise _not_text(key, value)
+            if type(key) is bytes or isinstance(key, (str, bytes)):
+                lowered = key.lower()
+            else:
+                raise _not_text(key, value)
+            if only is not None and lowered not in only:
+                continue
+            name = lowered.decode("latin-1") if isinstance(lowered, bytes) else lowered
             if name in raw:
                 repeats.setdefault(name, []).append(value)
             else:
@@ -114,7 +121,10 @@ class HeaderFields:
         Raises :class:`RemoteProtocolError` (400) when the header is repeated
         with different values.
         """
-        wanted = name.lower()
+        return self._value(name.lower(), name)
+
+    def _value(self, wanted: str, name: str) -> str | None:
+        """:meth:`get` of a lower-cased name (``name`` as errors spell it)."""
         value = self._raw.get(wanted)
         if value is None:
             return None
@@ -146,8 +156,11 @@ def header_value(headers: Headers, name: str) -> str | None:
 
     Repeated headers with different values are an error (status hint 400).
     """
-    fields = headers if isinstance(headers, HeaderFields) else HeaderFields(headers)
-    return fields.get(name)
+    return _fields(headers).get(name)
+
+
+def _fields(headers: Headers) -> HeaderFields:
+    return headers if isinstance(headers, HeaderFields) else HeaderFields(headers)
 
 
 def header_length_from(headers: Headers, *, content_length: int | None = None) -> int | None:
@@ -158,7 +171,11 @@ def header_length_from(headers: Headers, *, content_length: int | None = None) -
     :class:`RemoteProtocolError` for a value that is not a decimal integer, is
     negative, is absurdly large, or exceeds ``content_length`` when given.
     """
-    text = header_value(headers, HEADER_LENGTH_NAME)
+    return _header_length(_fields(headers), content_length)
+
+
+def _header_length(fields: HeaderFields, content_length: int | None) -> int | None:
+    text = fields._value("inference-header-content-length", HEADER_LENGTH_NAME)
     if text is None:
         return None
     digits = text[1:] if text[:1] in "+-" else text
@@ -236,7 +253,11 @@ def content_encoding_from(headers: Headers) -> str | None:
     :class:`RemoteProtocolError` with status hint 415 for any other coding,
     naming the supported ones (answer with ``Accept-Encoding: gzip, deflate``).
     """
-    text = header_value(headers, CONTENT_ENCODING_NAME)
+    return _content_encoding(_fields(headers))
+
+
+def _content_encoding(fields: HeaderFields) -> str | None:
+    text = fields._value("content-encoding", CONTENT_ENCODING_NAME)
     if text is None:
         return None
     codings = [c for c in (normalize_encoding(p) for p in text.split(",") if p.strip()) if c]
@@ -254,8 +275,12 @@ def content_length_from(headers: Headers) -> int | None:
     :class:`RemoteProtocolError` for a value that is not a decimal integer
     (negative ones included) or is absurdly large.
     """
-    text = header_value(headers, "Content-Length")
-    if text is None or header_value(headers, "Transfer-Encoding") is not None:
+    return _content_length(_fields(headers))
+
+
+def _content_length(fields: HeaderFields) -> int | None:
+    text = fields._value("content-length", "Content-Length")
+    if text is None or fields._value("transfer-encoding", "Transfer-Encoding") is not None:
         return None
     if not text.isascii() or not text.isdigit():
         raise RemoteProtocolError(f"invalid Content-Length: {text!r}")
@@ -327,16 +352,24 @@ def body_claims(headers: Headers) -> BodyClaims:
     are read once and kept with them (a server reuses the fields of a head
     that comes again, and then its claims).
     """
-    if not isinstance(headers, HeaderFields):
-        headers = HeaderFields(headers)  # read once, looked up four times
-    claims = headers._claims
+    # Of a list or mapping, only the four headers read here are kept.
+    fields = headers if isinstance(headers, HeaderFields) else HeaderFields(headers, only=_CLAIMED)
+    claims = fields._claims
     if claims is None:
-        content_length = content_length_from(headers)
-        encoding = content_encoding_from(headers)
+        content_length = _content_length(fields)
+        encoding = _content_encoding(fields)
         body_length = content_length if encoding is None else None
-        header_length = header_length_from(headers, content_length=body_length)
-        claims = headers._claims = BodyClaims(content_length, encoding, header_length)
+        header_length = _header_length(fields, body_length)
+        claims = fields._claims = BodyClaims(content_length, encoding, header_length)
     return claims
+
+
+# The headers body_claims reads, lower-cased, as str and as bytes.
+_CLAIMED = frozenset(
+    form
+    for name in ("content-length", "transfer-encoding", "content-encoding", HEADER_LENGTH_NAME)
+    for form in (name.lower(), name.lower().encode())
+)
 
 
 def parser_from_headers(

@@ -73,7 +73,7 @@ def aligned_copy(data: Any, at: int) -> memoryview:
     :func:`aligned_arrays`)."""
     pad = -at % ALIGNMENT
     copy = bytearray(pad)
-    copy += as_byte_view(data)
+    copy += data if type(data) is bytes else as_byte_view(data)  # (bytes: as received)
     return memoryview(copy)[pad:]
 
 
@@ -114,9 +114,10 @@ def aligned_arrays(tensors: dict[str, Any]) -> dict[str, Any]:
     """``tensors`` with each array that is not aligned for its dtype (a
     tensor after one of an odd size, in a body decoded whole) replaced by an
     aligned copy; the same dict when all are."""
-    if all(a.flags.aligned for a in tensors.values()):
-        return tensors
-    return {name: a if a.flags.aligned else a.copy() for name, a in tensors.items()}
+    for a in tensors.values():
+        if not a.flags.aligned:
+            return {name: a if a.flags.aligned else a.copy() for name, a in tensors.items()}
+    return tensors
 
 
 def _array_bytes(data: Any, exc: ValueError) -> memoryview:

@@ -469,6 +469,30 @@ def test_a_small_response_is_one_body_message() -> None:
     assert rec.body() == bytes(body)
 
 
+def test_a_small_response_is_cut_by_a_smaller_chunk_size() -> None:
+    body = binproto.encode_response({"x": np.arange(1024, dtype=np.float32)}, model_name="m")
+    rec = Recorder()
+    asyncio.run(asgi.EncodedResponse(body, chunk_size=1000)({"type": "http"}, _no_receive, rec))
+    assert [len(b) for b in rec.bodies] == [1000] * 4 + [body.content_length - 4000]
+    assert rec.body() == bytes(body)
+
+
+def test_a_small_response_takes_the_bytes_of_any_buffer_and_refuses_objects() -> None:
+    # A hand-made body: its buffers are read as bytes, as a big body's are.
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    buffers: list[Any] = [b"{}", x, x.data]
+    made = binproto.EncodedBody(b"{}", buffers, 2, 2 + 2 * x.nbytes)
+    rec = Recorder()
+    asyncio.run(asgi.EncodedResponse(made)({"type": "http"}, _no_receive, rec))
+    assert rec.bodies == [b"{}" + x.tobytes() * 2]
+    pointers = np.array([object()], dtype=object)
+    objects: list[Any] = [pointers, pointers.data]  # an array, then a memoryview of it
+    for buffer in objects:
+        bad = binproto.EncodedBody(b"{}", [b"{}", buffer], 2, 2 + pointers.nbytes)
+        with pytest.raises(binproto.LocalProtocolError, match="Python objects"):
+            asyncio.run(asgi.EncodedResponse(bad)({"type": "http"}, _no_receive, Recorder()))
+
+
 def test_large_buffer_is_sent_as_bounded_views() -> None:
     a = np.arange(3 * MiB // 4 + 5, dtype=np.float32)
     body = binproto.encode_response({"a": a}, model_name="m")

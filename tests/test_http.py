@@ -110,13 +110,13 @@ def test_body_claims_of_header_fields_are_read_once(monkeypatch: pytest.MonkeyPa
     import binproto._http as http
 
     reads: list[int] = []
-    original = http.content_length_from
+    original = http._content_length
 
-    def counting(headers: Any) -> int | None:
+    def counting(fields: Any) -> int | None:
         reads.append(1)
-        return original(headers)
+        return original(fields)
 
-    monkeypatch.setattr(http, "content_length_from", counting)
+    monkeypatch.setattr(http, "_content_length", counting)
     fields = binproto.HeaderFields({"Content-Length": "7", HEADER_LENGTH_NAME: "3"})
     first = body_claims(fields)
     assert first == BodyClaims(7, None, 3) and body_claims(fields) is first
@@ -332,6 +332,31 @@ def test_header_fields_compare_repeats_as_they_are_read() -> None:
 def test_header_fields_refuse_names_and_values_that_are_no_text(headers: Any) -> None:
     with pytest.raises(binproto.LocalProtocolError, match="str or bytes"):
         binproto.HeaderFields(headers)
+
+
+def test_header_fields_keep_only_the_names_asked_for() -> None:
+    headers = [(b"X-A", b"1"), ("x-a", "2"), (b"Y", b"3"), ("Content-Length", "4")]
+    fields = binproto.HeaderFields(headers, only={"x-a", b"x-a", "content-length"})  # type: ignore[arg-type]
+    assert "y" not in fields and fields.get("content-length") == "4"
+    with pytest.raises(RemoteProtocolError, match="conflicting X-A headers"):
+        fields.get("X-A")  # a bytes name and a str name, both kept
+    # A dropped header is still no header when its value is no text.
+    with pytest.raises(binproto.LocalProtocolError, match="str or bytes"):
+        binproto.HeaderFields([("Y", 5)], only={"x"})  # type: ignore[arg-type]
+
+
+def test_body_claims_of_pairs_read_only_their_headers_in_any_case() -> None:
+    pairs = [
+        (b"X-Trace", b"1"),
+        (b"x-trace", b"2"),  # a conflict in a header the claims do not read
+        (b"CONTENT-LENGTH", b"20"),
+        (b"Inference-Header-Content-Length", b" 8"),
+        (b"Content-Encoding", b"identity"),
+    ]
+    assert body_claims(pairs) == BodyClaims(20, None, 8)
+    assert body_claims([*pairs, (b"Transfer-Encoding", b"chunked")]).content_length is None
+    with pytest.raises(RemoteProtocolError, match="conflicting Content-Length headers"):
+        body_claims([*pairs, (b"content-length", b"21")])
 
 
 def test_header_fields_say_which_headers_are_present() -> None:
