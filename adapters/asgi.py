@@ -593,13 +593,16 @@ class EncodedResponse(BufferResponse):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Send the response (an ASGI application)."""
         length = self.encoded.content_length
+        pieces: Iterable[Any] = ()
         if self.encoding is None and length < GATHER_BELOW and length <= self.chunk_size:
-            # A small body is one message, as _pieces would send it; its
-            # length is known, so the buffers are joined without weighing each.
-            pieces: Iterable[Any] = (
-                b"".join([b if type(b) is bytes else as_byte_view(b) for b in self.buffers]),
-            )
-        else:
+            # A small body is one message, as _pieces would join it: joined
+            # here without weighing each buffer first, as its length says how
+            # big it is (a hand-made body whose buffers say otherwise is sent
+            # as any other).
+            whole = b"".join([b if type(b) is bytes else as_byte_view(b) for b in self.buffers])
+            if len(whole) == length:
+                pieces = (whole,)
+        if not pieces:
             buffers: Iterable[Any] = self.buffers
             if self.encoding is not None:
                 buffers = compress_buffers(buffers, self.encoding, level=self.compression_level)

@@ -68,8 +68,7 @@ class HeaderFields:
     :func:`header_value`. :func:`body_claims` of the same fields reads them
     once and keeps its result with them.
 
-    ``only``, when given, holds the lower-cased names to keep, each as ``str``
-    and as ``bytes`` (a bytes name is matched before it is decoded); the other
+    ``only``, when given, holds the lower-cased names to keep; the other
     headers are dropped (their names and values must still be text).
     """
 
@@ -82,7 +81,7 @@ class HeaderFields:
         | Iterable[tuple[str, str]]
         | Iterable[tuple[bytes, bytes]],
         *,
-        only: Collection[str | bytes] | None = None,
+        only: Collection[str] | None = None,
     ) -> None:
         # Only the names are read here; a value is decoded when it is looked
         # up (a server reads four of a request's headers, of any number).
@@ -94,15 +93,16 @@ class HeaderFields:
         else:
             items = headers.items() if isinstance(headers, Mapping) else headers
         for key, value in items:
-            if type(value) is not bytes and not isinstance(value, (str, bytes)):
-                raise _not_text(key, value)
-            if type(key) is bytes or isinstance(key, (str, bytes)):
-                lowered = key.lower()
+            if type(key) is bytes:  # (as servers give them: the cheapest test first)
+                name = key.decode("latin-1").lower()
+            elif isinstance(key, str):
+                name = key.lower()
             else:
                 raise _not_text(key, value)
-            if only is not None and lowered not in only:
+            if type(value) is not bytes and not isinstance(value, (str, bytes)):
+                raise _not_text(key, value)
+            if only is not None and name not in only:
                 continue
-            name = lowered.decode("latin-1") if isinstance(lowered, bytes) else lowered
             if name in raw:
                 repeats.setdefault(name, []).append(value)
             else:
@@ -364,11 +364,10 @@ def body_claims(headers: Headers) -> BodyClaims:
     return claims
 
 
-# The headers body_claims reads, lower-cased, as str and as bytes.
+# The headers body_claims reads, lower-cased.
 _CLAIMED = frozenset(
-    form
+    name.lower()
     for name in ("content-length", "transfer-encoding", "content-encoding", HEADER_LENGTH_NAME)
-    for form in (name.lower(), name.lower().encode())
 )
 
 

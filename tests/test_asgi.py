@@ -485,6 +485,12 @@ def test_a_small_response_takes_the_bytes_of_any_buffer_and_refuses_objects() ->
     rec = Recorder()
     asyncio.run(asgi.EncodedResponse(made)({"type": "http"}, _no_receive, rec))
     assert rec.bodies == [b"{}" + x.tobytes() * 2]
+    # A body whose length says small while its buffers are not: sent as any other.
+    big = np.zeros(300_000, dtype=np.uint8)
+    lying = binproto.EncodedBody(b"{}", [b"{}", big.data], 2, 10)
+    rec = Recorder()
+    asyncio.run(asgi.EncodedResponse(lying, chunk_size=100_000)({"type": "http"}, _no_receive, rec))
+    assert [len(b) for b in rec.bodies] == [2, 100_000, 100_000, 100_000]
     pointers = np.array([object()], dtype=object)
     objects: list[Any] = [pointers, pointers.data]  # an array, then a memoryview of it
     for buffer in objects:

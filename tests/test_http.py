@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
@@ -336,13 +338,37 @@ def test_header_fields_refuse_names_and_values_that_are_no_text(headers: Any) ->
 
 def test_header_fields_keep_only_the_names_asked_for() -> None:
     headers = [(b"X-A", b"1"), ("x-a", "2"), (b"Y", b"3"), ("Content-Length", "4")]
-    fields = binproto.HeaderFields(headers, only={"x-a", b"x-a", "content-length"})  # type: ignore[arg-type]
+    fields = binproto.HeaderFields(headers, only={"x-a", "content-length"})  # type: ignore[arg-type]
     assert "y" not in fields and fields.get("content-length") == "4"
     with pytest.raises(RemoteProtocolError, match="conflicting X-A headers"):
         fields.get("X-A")  # a bytes name and a str name, both kept
     # A dropped header is still no header when its value is no text.
     with pytest.raises(binproto.LocalProtocolError, match="str or bytes"):
         binproto.HeaderFields([("Y", 5)], only={"x"})  # type: ignore[arg-type]
+
+
+def test_header_fields_lower_bytes_names_as_latin_1_text_and_refuse_subclasses() -> None:
+    fields = binproto.HeaderFields([(b"X-\xc0", b"1"), ("x-\xe0", "2")])  # type: ignore[arg-type]
+    with pytest.raises(RemoteProtocolError, match="conflicting"):
+        fields.get("X-\xc0")  # one name: latin-1 \xc0 lower-cased is \xe0
+
+    class Name(bytes):
+        pass
+
+    with pytest.raises(binproto.LocalProtocolError, match="str or bytes"):
+        binproto.HeaderFields([(Name(b"Content-Length"), b"3")])
+
+
+def test_reading_claims_compares_no_bytes_with_str() -> None:
+    # (python -bb makes such a comparison an error, at import or per request)
+    code = "import binproto; print(binproto.body_claims([(b'Content-Length', b'5')]))"
+    out = subprocess.run(
+        [sys.executable, "-bb", "-c", code], capture_output=True, text=True, check=True
+    )
+    assert (
+        out.stdout.strip()
+        == "BodyClaims(content_length=5, content_encoding=None, header_length=None)"
+    )
 
 
 def test_body_claims_of_pairs_read_only_their_headers_in_any_case() -> None:
