@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from ._compression import normalize_encoding, unsupported_encoding
@@ -67,9 +67,6 @@ class HeaderFields:
     different values is an error when it is looked up, as with
     :func:`header_value`. :func:`body_claims` of the same fields reads them
     once and keeps its result with them.
-
-    ``only``, when given, holds the lower-cased names to keep; the other
-    headers are dropped (their names and values must still be text).
     """
 
     __slots__ = ("_claims", "_raw", "_repeats")
@@ -80,8 +77,6 @@ class HeaderFields:
         | Mapping[bytes, bytes]
         | Iterable[tuple[str, str]]
         | Iterable[tuple[bytes, bytes]],
-        *,
-        only: Collection[str] | None = None,
     ) -> None:
         # Only the names are read here; a value is decoded when it is looked
         # up (a server reads four of a request's headers, of any number).
@@ -101,8 +96,6 @@ class HeaderFields:
                 raise _not_text(key, value)
             if type(value) is not bytes and not isinstance(value, (str, bytes)):
                 raise _not_text(key, value)
-            if only is not None and name not in only:
-                continue
             if name in raw:
                 repeats.setdefault(name, []).append(value)
             else:
@@ -352,8 +345,7 @@ def body_claims(headers: Headers) -> BodyClaims:
     are read once and kept with them (a server reuses the fields of a head
     that comes again, and then its claims).
     """
-    # Of a list or mapping, only the four headers read here are kept.
-    fields = headers if isinstance(headers, HeaderFields) else HeaderFields(headers, only=_CLAIMED)
+    fields = _fields(headers)  # read once, looked up four times
     claims = fields._claims
     if claims is None:
         content_length = _content_length(fields)
@@ -362,13 +354,6 @@ def body_claims(headers: Headers) -> BodyClaims:
         header_length = _header_length(fields, body_length)
         claims = fields._claims = BodyClaims(content_length, encoding, header_length)
     return claims
-
-
-# The headers body_claims reads, lower-cased.
-_CLAIMED = frozenset(
-    name.lower()
-    for name in ("content-length", "transfer-encoding", "content-encoding", HEADER_LENGTH_NAME)
-)
 
 
 def parser_from_headers(

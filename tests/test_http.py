@@ -336,17 +336,6 @@ def test_header_fields_refuse_names_and_values_that_are_no_text(headers: Any) ->
         binproto.HeaderFields(headers)
 
 
-def test_header_fields_keep_only_the_names_asked_for() -> None:
-    headers = [(b"X-A", b"1"), ("x-a", "2"), (b"Y", b"3"), ("Content-Length", "4")]
-    fields = binproto.HeaderFields(headers, only={"x-a", "content-length"})  # type: ignore[arg-type]
-    assert "y" not in fields and fields.get("content-length") == "4"
-    with pytest.raises(RemoteProtocolError, match="conflicting X-A headers"):
-        fields.get("X-A")  # a bytes name and a str name, both kept
-    # A dropped header is still no header when its value is no text.
-    with pytest.raises(binproto.LocalProtocolError, match="str or bytes"):
-        binproto.HeaderFields([("Y", 5)], only={"x"})  # type: ignore[arg-type]
-
-
 def test_header_fields_lower_bytes_names_as_latin_1_text_and_refuse_subclasses() -> None:
     fields = binproto.HeaderFields([(b"X-\xc0", b"1"), ("x-\xe0", "2")])  # type: ignore[arg-type]
     with pytest.raises(RemoteProtocolError, match="conflicting"):
