@@ -205,9 +205,15 @@ class _Chunks:
     loop starts for it, at a cost per request.
     """
 
+    __slots__ = ("_chunks", "_done", "_receive", "_received")
+
     def __init__(self, source: BodySource) -> None:
-        self._receive = source if callable(source) else None
-        self._chunks = None if callable(source) else aiter(source)
+        self._receive: Receive | None = None
+        self._chunks: AsyncIterator[Any] | None = None
+        if callable(source):
+            self._receive = source
+        else:
+            self._chunks = aiter(source)
         self._received = 0
         self._done = False
 
@@ -522,7 +528,8 @@ class BufferResponse(_ResponseBase):
     ) -> None:
         self.buffers = list(buffers)
         self.status_code = status_code
-        self.raw_headers = _raw_headers(_header_pairs(headers))
+        none = type(headers) is tuple and not headers  # (the default: nothing to walk through)
+        self.raw_headers = [] if none else _raw_headers(_header_pairs(headers))
         self.background = background
         self.chunk_size = whole_number(chunk_size, "chunk_size", positive=True)
 
