@@ -301,6 +301,10 @@ class BoolCheck:
         pass
 
 
+#: The datatypes whose binary bytes :func:`tensor_check` may check.
+CHECKED_DATATYPES = frozenset(("BYTES", "BOOL"))
+
+
 def tensor_check(
     info: TensorInfo, role: str, base: int, strict_bool: bool, *, collect_bytes: bool = False
 ) -> TensorCheck | None:
@@ -366,7 +370,8 @@ class TensorReader:
             info = tensors[index]
             self.name = info.name
             self.remaining = info.binary_size or 0
-            self.check = tensor_check(info, self.role, self.position, self.strict_bool)
+            if info.datatype in CHECKED_DATATYPES:  # (the others need no call)
+                self.check = tensor_check(info, self.role, self.position, self.strict_bool)
         else:
             self.name = ""
             self.remaining = 0

@@ -9,7 +9,15 @@ import pytest
 
 import binproto
 from binproto._compression import Inflater
-from binproto._readers import ChunkQueue, HeaderReader, TensorReader, read_end
+from binproto._datatypes import DATATYPES
+from binproto._readers import (
+    CHECKED_DATATYPES,
+    ChunkQueue,
+    HeaderReader,
+    TensorReader,
+    read_end,
+    tensor_check,
+)
 
 from .helpers import make_body
 
@@ -104,6 +112,14 @@ def test_tensor_reader_checks_bool_bytes() -> None:
     assert err.value.offset == hl + 1
     lenient = TensorReader(header, strict_bool=False)
     assert isinstance(lenient.read(_queued(body[hl:])), binproto.TensorChunk)
+
+
+@pytest.mark.parametrize("datatype", sorted(DATATYPES))
+def test_the_checked_datatypes_are_the_ones_with_a_check(datatype: str) -> None:
+    # Readers call tensor_check only for CHECKED_DATATYPES: no other may have one.
+    info = binproto.TensorInfo(0, "x", datatype, (1,), {}, 8, None, 8)
+    check = tensor_check(info, "input", 0, strict_bool=True)
+    assert (check is not None) == (datatype in CHECKED_DATATYPES)
 
 
 def test_read_end_refuses_bytes_after_the_message() -> None:
