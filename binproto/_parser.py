@@ -19,7 +19,7 @@ raises. Each call does a bounded amount of work and changes state only as far
 as the event it returns, so events come out one at a time however the body
 was chunked.
 
-- HEADER: the :class:`~binproto._readers.HeaderReader` copies the header into
+- HEADER: :func:`~binproto._readers.read_header` copies the header into
   the one buffer the parser owns (bounded by ``Limits.max_header_bytes``),
   then decodes and validates it. A raw binary request has no JSON header: the
   header its model input stands for is synthesized instead.
@@ -54,11 +54,11 @@ from ._limits import Limits
 from ._raw import TensorSpec, raw_header
 from ._readers import (
     ChunkQueue,
-    HeaderReader,
     TensorReader,
     check_announced,
     check_lengths,
     read_end,
+    read_header,
 )
 from ._util import as_byte_view
 
@@ -184,9 +184,10 @@ class Parser:
         self._raw_input = raw_input if header_length == 0 else None
         if self._raw_input is not None:
             self._check_raw_input(self._raw_input, kind)
-        self._header_reader = HeaderReader(
-            kind, header_length if header_length is not None else self._body_length, self.limits
-        )
+        # Where the JSON header ends (None: at the end of the body), and the
+        # one buffer the parser owns, for a header that comes in pieces.
+        self._header_end = header_length if header_length is not None else self._body_length
+        self._header_buffer = bytearray()
         self._header: InferenceHeader | None = None
         self._tensors: TensorReader | None = None
         if self._deferred is None:
@@ -197,7 +198,7 @@ class Parser:
                     header_length,
                     content_length,
                     self._body_length,
-                    self._header_reader.length,
+                    self._header_end,
                     self.limits,
                     raw=self._raw_input is not None,
                 )
@@ -356,7 +357,9 @@ class Parser:
             header, prefix = raw_header(self._raw_input, self._body_length, self.limits)
             tensors = TensorReader(header, self.strict_bool, prefix)
         else:
-            parsed = self._header_reader.read(self._queue)
+            parsed = read_header(
+                self._queue, self._header_buffer, self._header_end, self.kind, self.limits
+            )
             if parsed is NEED_DATA:
                 return NEED_DATA
             header = parsed
