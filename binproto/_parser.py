@@ -162,7 +162,9 @@ class Parser:
         self.limits = limits if limits is not None else DEFAULT_LIMITS
         self.strict_bool = strict_bool
         self._state = _HEADER
-        # The current state's reader (None in DONE and ERROR, which have none).
+        # The current state's reader (None in DONE and ERROR, which have none),
+        # set with the state: a lookup by state would hash an enum member, a
+        # Python-level call, on every change of state.
         self._reader: Callable[[Parser], Event | NeedData] | None = Parser._read_header
         self._error: BaseException | None = None
         # A fault of the peer's found here (an unsupported coding) is raised
@@ -332,18 +334,10 @@ class Parser:
             if type(event) is MessageComplete:
                 return
 
-    def _enter(
-        self, state: ParserState, reader: Callable[[Parser], Event | NeedData] | None = None
-    ) -> None:
-        # The reader comes with the state: a lookup by state would hash an
-        # enum member, a Python-level call, on every change of state.
-        self._state = state
-        self._reader = reader
-
     def _fail(self, exc: BaseException) -> NoReturn:
         # Not only the peer's faults: whatever stopped the parser midway, it
         # cannot safely go on, so it stays in ERROR.
-        self._enter(_ERROR)
+        self._state, self._reader = _ERROR, None
         self._error = exc
         self._queue.clear()
         raise exc
@@ -375,7 +369,7 @@ class Parser:
         )
         self._header = header
         self._tensors = tensors
-        self._enter(_TENSORS, Parser._read_tensors)
+        self._state, self._reader = _TENSORS, Parser._read_tensors
         return HeaderParsed(header)
 
     def _read_tensors(self) -> Event | NeedData:
@@ -391,7 +385,7 @@ class Parser:
         assert self._tensors is not None
         event = read_end(self._queue, self._tensors.position, self._body_length)
         if event is NEED_DATA:
-            self._enter(_END, Parser._read_end)
+            self._state, self._reader = _END, Parser._read_end
         else:
-            self._enter(_DONE)
+            self._state, self._reader = _DONE, None
         return event
