@@ -47,7 +47,7 @@ _BYTE = np.dtype(np.uint8)
 class _Building:
     """A binary tensor begun and not complete."""
 
-    __slots__ = ("array", "received", "target")
+    __slots__ = ("array", "base", "received", "target")
 
     def __init__(self, target: memoryview, array: np.ndarray[Any, Any]) -> None:
         self.target = target  # the bytes chunks are copied into
@@ -55,6 +55,15 @@ class _Building:
         # allocated (for BYTES, the framed bytes themselves: split when complete).
         self.array = array
         self.received = 0  # bytes of it so far: the next chunk's offset
+        # The address of the target's first byte, looked up (microseconds)
+        # only when a chunk may be the target itself.
+        self.base: int | None = None
+
+    def address(self) -> int:
+        """The address of the target's first byte."""
+        if self.base is None:
+            self.base = _address(self.target)
+        return self.base
 
 
 def array_from_bytes(info: TensorInfo, buf: Any, offset: int = 0) -> np.ndarray[Any, Any]:
@@ -112,7 +121,6 @@ class TensorAssembler:
         self.shared_memory: list[str] = []
         # Tensors begun and not complete, by index.
         self._open: dict[int, _Building] = {}
-        self._bases: dict[int, int] = {}  # address of an open target's first byte
         #: Tensor bytes copied from chunks into tensor memory.
         self.bytes_copied = 0
         #: Tensor bytes that arrived already in place (see :meth:`target`): not copied.
@@ -152,7 +160,7 @@ class TensorAssembler:
                 data.obj is target.obj
                 and not data.readonly
                 and n
-                and _address(data) == self._base(index) + offset
+                and _address(data) == tensor.address() + offset
             ):
                 self.bytes_in_place += n
                 return
@@ -210,17 +218,18 @@ class TensorAssembler:
                     status_hint=413,
                     offset=None,
                 ) from None
-        tensor = _Building(as_byte_view(array), array)
+            # Its own array is C-contiguous plain values: its buffer casts to
+            # bytes without as_byte_view's checks (half the allocation's cost),
+            # unless it has no elements or is bfloat16 (no buffer format).
+            try:
+                target = array.data.cast("B")
+            except (TypeError, ValueError):
+                target = as_byte_view(array)
+        else:
+            target = as_byte_view(array)
+        tensor = _Building(target, array)
         self._open[position] = tensor
         return tensor
-
-    def _base(self, index: int) -> int:
-        """Address of the first byte of tensor ``index``'s target (looked up
-        once, when a chunk may be the target itself)."""
-        base = self._bases.get(index)
-        if base is None:
-            base = self._bases[index] = _address(self._open[index].target)
-        return base
 
     def _destination(self, info: TensorInfo) -> np.ndarray[Any, Any] | None:
         dest = self._destinations
@@ -267,14 +276,15 @@ class TensorAssembler:
         header = self.header
         if header is None or not index < len(header.tensors) or header.tensors[index] is not info:
             raise LocalProtocolError(f"TensorComplete of '{info.name}' is not of this message")
-        if info.name in self.tensors or info.name in self.shared_memory:
-            raise LocalProtocolError(f"tensor '{info.name}' is complete already")
         if info.binary_size is None:
+            if info.name in self.tensors or info.name in self.shared_memory:
+                raise LocalProtocolError(f"tensor '{info.name}' is complete already")
             if info.shared_memory:
                 self.shared_memory.append(info.name)
             elif info.array is not None:
                 self.tensors[info.name] = info.array
             return
+        # A binary tensor open is not complete: its allocation refused one that was.
         tensor = self._open.get(index)
         if tensor is None:
             tensor = self._allocate(index)  # (a zero-size tensor has no chunks)
@@ -284,7 +294,6 @@ class TensorAssembler:
                 f" {info.binary_size} bytes"
             )
         del self._open[index]
-        self._bases.pop(index, None)
         array = tensor.array
         if info.datatype == "BYTES":  # the framed bytes, split into elements now
             array = array_from_bytes(info, array)

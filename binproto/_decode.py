@@ -15,7 +15,13 @@ from ._header import InferenceHeader, Kind
 from ._limits import Limits
 from ._parser import DEFAULT_LIMITS, Parser, ParserState, check_arguments
 from ._raw import TensorSpec
-from ._readers import check_announced, check_lengths, parse_header, tensor_check
+from ._readers import (
+    CHECKED_DATATYPES,
+    check_announced,
+    check_lengths,
+    parse_header,
+    tensor_check,
+)
 from ._util import as_byte_view
 
 __all__ = ["DecodedMessage", "decode", "decode_request", "decode_response"]
@@ -100,7 +106,11 @@ def _decode_plain(
             elif info.array is not None:
                 tensors[info.name] = info.array
             continue
-        check = tensor_check(info, role, offset, strict_bool, collect_bytes=True)
+        check = (
+            tensor_check(info, role, offset, strict_bool, collect_bytes=True)
+            if info.datatype in CHECKED_DATATYPES
+            else None
+        )
         if check is None:
             tensors[info.name] = array_from_bytes(info, view, offset)
         elif isinstance(check, BytesFramer):  # BYTES: the check collects the elements

@@ -143,11 +143,8 @@ def _fail(msg: str, status: int = 400) -> RemoteProtocolError:
     return RemoteProtocolError(msg, status_hint=status, offset=0)
 
 
-def _optional_str(obj: dict[str, Any], key: str) -> str | None:
-    value = obj.get(key)
-    if value is None or type(value) is str:
-        return value
-    raise _fail(f"Unable to parse '{key}': expected a string")
+def _not_a_string(key: str) -> RemoteProtocolError:
+    return _fail(f"Unable to parse '{key}': expected a string")
 
 
 def _parameters(obj: dict[str, Any], where: str) -> dict[str, Any]:
@@ -309,10 +306,8 @@ def _check_bytes_size(elements: int, size: int, role: str, name: str) -> None:
         )
 
 
-def _requested_outputs(obj: dict[str, Any], limits: Limits) -> tuple[RequestedOutput, ...] | None:
-    outputs = obj.get("outputs")
-    if outputs is None:
-        return None
+def _requested_outputs(outputs: Any, limits: Limits) -> tuple[RequestedOutput, ...] | None:
+    """A request's ``outputs`` (not None)."""
     if not isinstance(outputs, list):
         raise _fail("Unable to parse 'outputs': expected an array")
     if len(outputs) > limits.max_tensors:
@@ -353,13 +348,17 @@ def build_header(
     against that count."""
     if not isinstance(obj, dict):
         raise _fail(f"the inference {kind} header is not a JSON object")
-    role, listed = ("input", "inputs") if kind == "request" else ("output", "outputs")
+    role, listed, where = (
+        ("input", "inputs", "the request")
+        if kind == "request"
+        else ("output", "outputs", "the response")
+    )
     tensors_json = obj.get(listed)
     if not isinstance(tensors_json, list):
         raise _fail(f"Unable to parse '{listed}': expected an array")
     if len(tensors_json) > limits.max_tensors:
         raise _fail(f"{len(tensors_json)} {listed} exceed the limit of {limits.max_tensors}", 413)
-    params = _parameters(obj, f"the {kind}")
+    params = _parameters(obj, where)
     bdo = params.get("binary_data_output")
     if bdo is not None and not isinstance(bdo, bool):
         raise _fail("Unable to parse 'binary_data_output': expected a bool")
@@ -370,12 +369,21 @@ def build_header(
         info = _tensor(t, i, role, limits, seen)
         infos.append(info)
         keys += len(t) + len(info.parameters)
-    id_ = _optional_str(obj, "id")
-    model_name = _optional_str(obj, "model_name")
-    model_version = _optional_str(obj, "model_version")
-    requested = _requested_outputs(obj, limits) if kind == "request" else None
-    if requested is not None:
-        for out in obj["outputs"]:
+    # Checked where they are read: a call each cost more than the checks.
+    id_ = obj.get("id")
+    if id_ is not None and type(id_) is not str:
+        raise _not_a_string("id")
+    model_name = obj.get("model_name")
+    if model_name is not None and type(model_name) is not str:
+        raise _not_a_string("model_name")
+    model_version = obj.get("model_version")
+    if model_version is not None and type(model_version) is not str:
+        raise _not_a_string("model_version")
+    outputs = obj.get("outputs") if kind == "request" else None
+    requested = None
+    if outputs is not None:
+        requested = _requested_outputs(outputs, limits)
+        for out in outputs:  # objects, as validated
             out_params = out.get("parameters")
             keys += len(out) + (len(out_params) if out_params else 0)
     # Positional, in field order, as TensorInfo above.

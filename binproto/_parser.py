@@ -19,7 +19,7 @@ raises. Each call does a bounded amount of work and changes state only as far
 as the event it returns, so events come out one at a time however the body
 was chunked.
 
-- HEADER: the :class:`~binproto._readers.HeaderReader` copies the header into
+- HEADER: :func:`~binproto._readers.read_header` copies the header into
   the one buffer the parser owns (bounded by ``Limits.max_header_bytes``),
   then decodes and validates it. A raw binary request has no JSON header: the
   header its model input stands for is synthesized instead.
@@ -54,11 +54,11 @@ from ._limits import Limits
 from ._raw import TensorSpec, raw_header
 from ._readers import (
     ChunkQueue,
-    HeaderReader,
     TensorReader,
     check_announced,
     check_lengths,
     read_end,
+    read_header,
 )
 from ._util import as_byte_view
 
@@ -162,7 +162,9 @@ class Parser:
         self.limits = limits if limits is not None else DEFAULT_LIMITS
         self.strict_bool = strict_bool
         self._state = _HEADER
-        # The current state's reader (None in DONE and ERROR, which have none).
+        # The current state's reader (None in DONE and ERROR, which have none),
+        # set with the state: a lookup by state would hash an enum member, a
+        # Python-level call, on every change of state.
         self._reader: Callable[[Parser], Event | NeedData] | None = Parser._read_header
         self._error: BaseException | None = None
         # A fault of the peer's found here (an unsupported coding) is raised
@@ -184,9 +186,10 @@ class Parser:
         self._raw_input = raw_input if header_length == 0 else None
         if self._raw_input is not None:
             self._check_raw_input(self._raw_input, kind)
-        self._header_reader = HeaderReader(
-            kind, header_length if header_length is not None else self._body_length, self.limits
-        )
+        # Where the JSON header ends (None: at the end of the body), and the
+        # one buffer the parser owns, for a header that comes in pieces.
+        self._header_end = header_length if header_length is not None else self._body_length
+        self._header_buffer = bytearray()
         self._header: InferenceHeader | None = None
         self._tensors: TensorReader | None = None
         if self._deferred is None:
@@ -197,7 +200,7 @@ class Parser:
                     header_length,
                     content_length,
                     self._body_length,
-                    self._header_reader.length,
+                    self._header_end,
                     self.limits,
                     raw=self._raw_input is not None,
                 )
@@ -331,18 +334,10 @@ class Parser:
             if type(event) is MessageComplete:
                 return
 
-    def _enter(
-        self, state: ParserState, reader: Callable[[Parser], Event | NeedData] | None = None
-    ) -> None:
-        # The reader comes with the state: a lookup by state would hash an
-        # enum member, a Python-level call, on every change of state.
-        self._state = state
-        self._reader = reader
-
     def _fail(self, exc: BaseException) -> NoReturn:
         # Not only the peer's faults: whatever stopped the parser midway, it
         # cannot safely go on, so it stays in ERROR.
-        self._enter(_ERROR)
+        self._state, self._reader = _ERROR, None
         self._error = exc
         self._queue.clear()
         raise exc
@@ -356,7 +351,9 @@ class Parser:
             header, prefix = raw_header(self._raw_input, self._body_length, self.limits)
             tensors = TensorReader(header, self.strict_bool, prefix)
         else:
-            parsed = self._header_reader.read(self._queue)
+            parsed = read_header(
+                self._queue, self._header_buffer, self._header_end, self.kind, self.limits
+            )
             if parsed is NEED_DATA:
                 return NEED_DATA
             header = parsed
@@ -372,7 +369,7 @@ class Parser:
         )
         self._header = header
         self._tensors = tensors
-        self._enter(_TENSORS, Parser._read_tensors)
+        self._state, self._reader = _TENSORS, Parser._read_tensors
         return HeaderParsed(header)
 
     def _read_tensors(self) -> Event | NeedData:
@@ -388,7 +385,7 @@ class Parser:
         assert self._tensors is not None
         event = read_end(self._queue, self._tensors.position, self._body_length)
         if event is NEED_DATA:
-            self._enter(_END, Parser._read_end)
+            self._state, self._reader = _END, Parser._read_end
         else:
-            self._enter(_DONE)
+            self._state, self._reader = _DONE, None
         return event

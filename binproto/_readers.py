@@ -22,7 +22,6 @@ from ._util import check_bool
 __all__ = [
     "BoolCheck",
     "ChunkQueue",
-    "HeaderReader",
     "TensorCheck",
     "TensorReader",
     "check_announced",
@@ -30,6 +29,7 @@ __all__ = [
     "check_lengths",
     "parse_header",
     "read_end",
+    "read_header",
     "tensor_check",
 ]
 
@@ -109,57 +109,46 @@ class ChunkQueue:
         return True
 
 
-class HeaderReader:
-    """Copies the JSON header into the one buffer the parser owns, then
-    decodes and validates it.
+def read_header(
+    queue: ChunkQueue, buffer: bytearray, length: int | None, kind: Kind, limits: Limits
+) -> InferenceHeader | NeedData:
+    """The validated header, or NEED_DATA.
 
-    ``length`` is where the header ends: the Inference-Header-Content-Length,
-    else (a plain JSON body) the body's length, else None (the end of the body).
+    Copies the JSON header into ``buffer`` (the one buffer the parser owns)
+    until it is whole, then decodes and validates it. ``length`` is where the
+    header ends: the Inference-Header-Content-Length, else (a plain JSON body)
+    the body's length, else None (the end of the body).
     """
-
-    __slots__ = ("buffer", "kind", "length", "limits")
-
-    def __init__(self, kind: Kind, length: int | None, limits: Limits) -> None:
-        self.kind: Kind = kind
-        self.length = length
-        self.limits = limits
-        self.buffer = bytearray()
-
-    def read(self, queue: ChunkQueue) -> InferenceHeader | NeedData:
-        """The validated header, or NEED_DATA."""
-        length = self.length
-        limit = self.limits.max_header_bytes
-        want = length if length is not None else limit + 1
-        buffer = self.buffer
-        while len(buffer) < want:
-            data = queue.take(want - len(buffer))
-            if data is None:
-                break
-            if not buffer and len(data) == length:  # the whole header at once
-                return parse_header(bytes(data), self.kind, self.limits)
-            buffer += data
-        if len(buffer) > limit:  # only reachable when the header's end is not known
-            raise RemoteProtocolError(
-                f"the JSON body exceeds the header limit of {limit} bytes",
-                status_hint=413,
-                offset=limit,
-            )
-        if length is None:
-            if not queue.ended:
-                return NEED_DATA
-        elif len(buffer) < length:
-            if queue.ended:
-                raise RemoteProtocolError(
-                    f"unexpected end of body in the inference header: expecting"
-                    f" {length - len(buffer)} additional bytes (received {len(buffer)}"
-                    f" of {length})",
-                    offset=len(buffer),
-                )
+    limit = limits.max_header_bytes
+    want = length if length is not None else limit + 1
+    while len(buffer) < want:
+        data = queue.take(want - len(buffer))
+        if data is None:
+            break
+        if not buffer and len(data) == length:  # the whole header at once
+            return parse_header(bytes(data), kind, limits)
+        buffer += data
+    if len(buffer) > limit:  # only reachable when the header's end is not known
+        raise RemoteProtocolError(
+            f"the JSON body exceeds the header limit of {limit} bytes",
+            status_hint=413,
+            offset=limit,
+        )
+    if length is None:
+        if not queue.ended:
             return NEED_DATA
-        raw = bytes(buffer)
-        del buffer
-        self.buffer = bytearray()  # the header's copy is all the parser keeps
-        return parse_header(raw, self.kind, self.limits)
+    elif len(buffer) < length:
+        if queue.ended:
+            raise RemoteProtocolError(
+                f"unexpected end of body in the inference header: expecting"
+                f" {length - len(buffer)} additional bytes (received {len(buffer)}"
+                f" of {length})",
+                offset=len(buffer),
+            )
+        return NEED_DATA
+    raw = bytes(buffer)
+    buffer.clear()  # the header's copy is all the parser keeps
+    return parse_header(raw, kind, limits)
 
 
 def parse_header(raw: bytes, kind: Kind, limits: Limits) -> InferenceHeader:
@@ -301,6 +290,10 @@ class BoolCheck:
         pass
 
 
+#: The datatypes whose binary bytes :func:`tensor_check` may check.
+CHECKED_DATATYPES = frozenset(("BYTES", "BOOL"))
+
+
 def tensor_check(
     info: TensorInfo, role: str, base: int, strict_bool: bool, *, collect_bytes: bool = False
 ) -> TensorCheck | None:
@@ -366,7 +359,8 @@ class TensorReader:
             info = tensors[index]
             self.name = info.name
             self.remaining = info.binary_size or 0
-            self.check = tensor_check(info, self.role, self.position, self.strict_bool)
+            if info.datatype in CHECKED_DATATYPES:  # (the others need no call)
+                self.check = tensor_check(info, self.role, self.position, self.strict_bool)
         else:
             self.name = ""
             self.remaining = 0

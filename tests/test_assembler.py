@@ -351,6 +351,15 @@ def test_each_datatype_is_assembled_into_an_array_of_its_own_dtype_and_shape(
         assert t.dtype == dtype and t.shape == (3, 4) and t.tobytes() == raw
         assert t.flags.writeable and t.flags.c_contiguous and t.flags.aligned
         assert empty.dtype == dtype and empty.shape == (0, 2) and empty.flags.writeable
+    # Each target is its array's bytes, flat and writable: memoryview's cast
+    # for most, as_byte_view where it cannot (no elements; bfloat16).
+    asm = TensorAssembler()
+    p = Parser("response", header_length=hl)
+    p.receive_data(body)
+    asm.feed(next(p.events()))
+    for index, size in ((0, len(raw)), (1, 0)):
+        target = asm.target(index)
+        assert (target.format, target.ndim, target.nbytes, target.readonly) == ("B", 1, size, False)
 
 
 def test_the_target_of_a_tensor_without_elements_is_empty_and_writable() -> None:

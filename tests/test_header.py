@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import binproto
-from binproto._header import build_header
+from binproto._header import Kind, build_header
 
 
 def test_a_fixed_size_binary_tensor_is_described() -> None:
@@ -88,3 +88,29 @@ def test_an_empty_outputs_list_asks_for_every_output() -> None:
     obj: dict[str, Any] = {"inputs": [], "outputs": []}
     header, _ = build_header(obj, "request", binproto.Limits(), 30)
     assert header.requested_outputs is None
+
+
+@pytest.mark.parametrize(
+    ("kind", "fields", "message"),
+    [
+        ("request", {"id": 7}, "Unable to parse 'id': expected a string"),
+        ("request", {"model_name": ["m"]}, "Unable to parse 'model_name': expected a string"),
+        ("response", {"model_version": 2}, "Unable to parse 'model_version': expected a string"),
+        ("request", {"parameters": []}, "'parameters' of the request: expected an object"),
+        ("response", {"parameters": 1}, "'parameters' of the response: expected an object"),
+        ("request", {"outputs": {}}, "Unable to parse 'outputs': expected an array"),
+        # Several faults: the first one met in the header's order of checks.
+        ("request", {"model_version": 2, "id": 7, "outputs": 1}, "'id'"),
+        ("request", {"model_version": 2, "model_name": 1}, "'model_name'"),
+        ("request", {"model_version": 2, "outputs": 1}, "'model_version'"),
+        ("request", {"id": 7, "parameters": 1}, "'parameters' of the request"),
+        ("request", {"id": 7, "inputs": [{"name": 1}]}, "'name' of input 0"),
+    ],
+)
+def test_the_headers_own_fields_are_checked_in_order(
+    kind: Kind, fields: dict[str, Any], message: str
+) -> None:
+    obj: dict[str, Any] = {("inputs" if kind == "request" else "outputs"): [], **fields}
+    with pytest.raises(binproto.RemoteProtocolError, match=message) as err:
+        build_header(obj, kind, binproto.Limits(), 30)
+    assert (err.value.status_hint, err.value.offset) == (400, 0)

@@ -9,7 +9,15 @@ import pytest
 
 import binproto
 from binproto._compression import Inflater
-from binproto._readers import ChunkQueue, HeaderReader, TensorReader, read_end
+from binproto._datatypes import DATATYPES
+from binproto._readers import (
+    CHECKED_DATATYPES,
+    ChunkQueue,
+    TensorReader,
+    read_end,
+    read_header,
+    tensor_check,
+)
 
 from .helpers import make_body
 
@@ -49,37 +57,38 @@ def test_a_source_refills_the_queue_when_it_runs_dry() -> None:
     assert bytes(got) == data and queue.ended
 
 
-def test_header_reader_waits_for_the_whole_header() -> None:
+def test_read_header_waits_for_the_whole_header() -> None:
     body, hl = make_body({"inputs": [{"name": "x", "datatype": "INT8", "shape": [1], "data": [1]}]})
-    reader = HeaderReader("request", hl, binproto.Limits())
+    buffer, limits = bytearray(), binproto.Limits()
     queue = ChunkQueue()
     queue.append(memoryview(body[:5]))
-    assert reader.read(queue) is binproto.NEED_DATA and bytes(reader.buffer) == body[:5]
+    assert read_header(queue, buffer, hl, "request", limits) is binproto.NEED_DATA
+    assert bytes(buffer) == body[:5]
     queue.append(memoryview(body[5:]))
-    header = reader.read(queue)
+    header = read_header(queue, buffer, hl, "request", limits)
     assert isinstance(header, binproto.InferenceHeader) and header.tensors[0].name == "x"
+    assert not buffer  # the header's copy is all the parser keeps
 
 
 def test_a_header_in_one_byte_chunks_is_appended_in_place() -> None:
     id_ = "a" * (1 << 20)
     header = json.dumps({"id": id_, "inputs": []}).encode()
-    reader = HeaderReader("request", len(header), binproto.Limits())
+    buffer, limits = bytearray(), binproto.Limits()  # the one buffer the parser owns
     queue = ChunkQueue()
-    buffer = reader.buffer  # the one buffer the parser owns
     view = memoryview(header)
     for i in range(len(header) - 1):
         queue.append(view[i : i + 1])
-        assert reader.read(queue) is binproto.NEED_DATA
-    # One byte per call, never re-copied into a new buffer.
-    assert reader.buffer is buffer and len(buffer) == len(header) - 1
+        assert read_header(queue, buffer, len(header), "request", limits) is binproto.NEED_DATA
+    # One byte per call, appended in place.
+    assert len(buffer) == len(header) - 1
     queue.append(view[-1:])
-    parsed = reader.read(queue)
+    parsed = read_header(queue, buffer, len(header), "request", limits)
     assert isinstance(parsed, binproto.InferenceHeader) and parsed.id == id_
 
 
 def test_tensor_reader_emits_chunks_then_completion_then_none() -> None:
     body, hl = make_body(_bools(3), b"\x01\x00\x01")
-    header = HeaderReader("request", hl, binproto.Limits()).read(_queued(body[:hl]))
+    header = read_header(_queued(body[:hl]), bytearray(), hl, "request", binproto.Limits())
     assert isinstance(header, binproto.InferenceHeader)
     reader = TensorReader(header, strict_bool=True)
     queue = _queued(body[hl : hl + 2], body[hl + 2 :])
@@ -96,7 +105,7 @@ def test_tensor_reader_emits_chunks_then_completion_then_none() -> None:
 
 def test_tensor_reader_checks_bool_bytes() -> None:
     body, hl = make_body(_bools(2), b"\x01\x07")
-    header = HeaderReader("request", hl, binproto.Limits()).read(_queued(body[:hl]))
+    header = read_header(_queued(body[:hl]), bytearray(), hl, "request", binproto.Limits())
     assert isinstance(header, binproto.InferenceHeader)
     reader = TensorReader(header, strict_bool=True)
     with pytest.raises(binproto.RemoteProtocolError) as err:
@@ -104,6 +113,14 @@ def test_tensor_reader_checks_bool_bytes() -> None:
     assert err.value.offset == hl + 1
     lenient = TensorReader(header, strict_bool=False)
     assert isinstance(lenient.read(_queued(body[hl:])), binproto.TensorChunk)
+
+
+@pytest.mark.parametrize("datatype", sorted(DATATYPES))
+def test_the_checked_datatypes_are_the_ones_with_a_check(datatype: str) -> None:
+    # Readers call tensor_check only for CHECKED_DATATYPES: no other may have one.
+    info = binproto.TensorInfo(0, "x", datatype, (1,), {}, 8, None, 8)
+    check = tensor_check(info, "input", 0, strict_bool=True)
+    assert (check is not None) == (datatype in CHECKED_DATATYPES)
 
 
 def test_read_end_refuses_bytes_after_the_message() -> None:
