@@ -232,7 +232,8 @@ def loads_header(raw: bytes, *, max_depth: int, kind: str = "request") -> Any:
         FAST_LOADS is not None
         and len(raw) <= FAST_MAX
         and max_depth <= FAST_MAX_DEPTH
-        and _LONG_DIGIT_RUN not in raw.translate(_DIGITS_ONLY)
+        # (find, not "in": bytes' "in" first tries its operand as an int)
+        and raw.translate(_DIGITS_ONLY).find(_LONG_DIGIT_RUN) < 0
     ):
         # orjson refuses what the standard parser refuses, and more: NaN and
         # Infinity tokens, numbers beyond float64, a lone surrogate escape.

@@ -34,6 +34,8 @@ def as_byte_view(data: Any) -> memoryview:
     A numpy array whose dtype the buffer protocol cannot describe (such as
     ``ml_dtypes.bfloat16``) is taken as its bytes too.
     """
+    if type(data) is bytes:  # (as received: flat bytes, nothing to check)
+        return memoryview(data)
     try:
         mv = data if type(data) is memoryview else memoryview(data)
     except TypeError:
