@@ -220,7 +220,8 @@ class TensorAssembler:
                 ) from None
             # Its own array is C-contiguous plain values: its buffer casts to
             # bytes without as_byte_view's checks (half the allocation's cost),
-            # unless it has no elements or is bfloat16 (no buffer format).
+            # unless it is bfloat16 (no buffer format) or has a zero in a shape
+            # of more than one dimension (memoryview cannot cast that).
             try:
                 target = array.data.cast("B")
             except (TypeError, ValueError):

@@ -360,6 +360,12 @@ def test_reading_claims_compares_no_bytes_with_str() -> None:
     )
 
 
+def test_content_length_from_a_one_shot_iterator_sees_its_transfer_encoding() -> None:
+    # The headers are read once, then looked up: both lookups see every pair.
+    pairs = iter([("Content-Length", "10"), ("Transfer-Encoding", "chunked")])
+    assert content_length_from(pairs) is None
+
+
 def test_body_claims_of_pairs_read_only_their_headers_in_any_case() -> None:
     pairs = [
         (b"X-Trace", b"1"),
