@@ -162,13 +162,6 @@ def interrupted(exc: BaseException) -> bool:
     return bool(inner) and all(interrupted(e) for e in inner)
 
 
-def _complain(line: str) -> None:
-    """Print ``line`` on stderr, unless the process started with stderr closed
-    (print() would put it on stdout, maybe into a body written there)."""
-    if sys.stderr is not None:
-        print(line, file=sys.stderr)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``binproto`` console script.
 
@@ -177,6 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ends the command quietly.
     """
     args = build_parser().parse_args(argv)
+    from ._commands import _echo  # (loaded by build_parser)
+
     try:
         result: int = args.func(args)
         if sys.stdout is not None:  # (None: started with stdout closed)
@@ -184,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ModuleNotFoundError as exc:
         if "binproto[" not in str(exc):
             raise
-        _complain(f"binproto {args.command}: {exc}")
+        _echo(f"binproto {args.command}: {exc}", err=True)
         return 2
     except BrokenPipeError:
         # Nobody reads our output any more: point stdout at nothing so that the
@@ -196,6 +191,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A file that cannot be opened or written, an address that cannot be
         # bound or resolved, more memory than there is: one line, not a traceback.
         reason = str(exc) or type(exc).__name__
-        _complain(f"binproto {args.command}: {reason}")
+        _echo(f"binproto {args.command}: {reason}", err=True)
         return 1
     return result
