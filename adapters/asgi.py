@@ -600,20 +600,21 @@ class EncodedResponse(BufferResponse):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Send the response (an ASGI application)."""
         length = self.encoded.content_length
-        pieces: Iterable[Any] = ()
+        whole = None
         if self.encoding is None and length < GATHER_BELOW and length <= self.chunk_size:
             # A small body is one message, as _pieces would join it: joined
             # here without weighing each buffer first, as its length says how
             # big it is (a hand-made body whose buffers say otherwise is sent
             # as any other).
             whole = b"".join([b if type(b) is bytes else as_byte_view(b) for b in self.buffers])
-            if len(whole) == length:
-                pieces = (whole,)
-        if not pieces:
-            buffers: Iterable[Any] = self.buffers
-            if self.encoding is not None:
-                buffers = compress_buffers(buffers, self.encoding, level=self.compression_level)
-            pieces = _pieces(buffers, self.chunk_size)
+        pieces: Iterable[Any]
+        if whole is not None and len(whole) == length:
+            pieces = (whole,)
+        elif self.encoding is not None:
+            compressed = compress_buffers(self.buffers, self.encoding, level=self.compression_level)
+            pieces = _pieces(compressed, self.chunk_size)
+        else:
+            pieces = _pieces(self.buffers, self.chunk_size)
         await _send_pieces(send, pieces, self.status_code, self.raw_headers)
         if self.background is not None:
             await self.background()
