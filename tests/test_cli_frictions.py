@@ -445,8 +445,10 @@ def test_an_encode_over_a_file_where_os_has_no_user_ids(
 
     np.save(tmp_path / "a.npy", np.zeros(4, dtype=np.float32))
     (tmp_path / "o.bin").write_bytes(b"old")
+    before = (tmp_path / "o.bin").stat().st_ino
     monkeypatch.delattr(os, "geteuid")
     monkeypatch.delattr(os, "getegid")
     monkeypatch.chdir(tmp_path)
     assert main(["encode", "x=a.npy", "-o", "o.bin", "--headers-out", "o.h"]) == 0
     assert (tmp_path / "o.bin").read_bytes().startswith(b"{")
+    assert (tmp_path / "o.bin").stat().st_ino != before  # a new file put in place

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -351,8 +353,14 @@ def test_header_fields_lower_bytes_names_as_latin_1_text_and_refuse_subclasses()
 def test_reading_claims_compares_no_bytes_with_str() -> None:
     # (python -bb makes such a comparison an error, at import or per request)
     code = "import binproto; print(binproto.body_claims([(b'Content-Length', b'5')]))"
+    tree = Path(binproto.__file__).resolve().parent.parent  # (the binproto under test)
     out = subprocess.run(
-        [sys.executable, "-bb", "-c", code], capture_output=True, text=True, check=True
+        [sys.executable, "-bb", "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tree,
+        env={**os.environ, "PYTHONPATH": str(tree)},
     )
     assert (
         out.stdout.strip()
