@@ -504,6 +504,18 @@ def test_inspect_escapes_the_peers_control_characters(
     assert "invalid datatype 'FP32\\x1b[31m'" in err
     for text in (out, out2, err):
         assert not any((ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) < 0xA0 for c in text)
+    # A name that would show what follows it right to left (and so hide it),
+    # and one as long as the header allows: escaped, and cut short.
+    code, out, err = run(["inspect", body("a\u202egnp.exe\u2066\u2028", "FP32")], capsys)
+    assert code == 0, err
+    assert "  [0] a\\u202egnp.exe\\u2066\\u2028  FP32" in out
+    assert not any(c in out for c in "\u202e\u2066\u2028")
+    code, out, err = run(["inspect", body("a\u202eb", "FP32"), "--json"], capsys)
+    assert code == 0, err
+    assert out.isascii() and json.loads(out)["tensors"][0]["name"] == "a\u202eb"
+    code, out, err = run(["inspect", body("n" * 5000, "FP32")], capsys)
+    assert code == 0, err
+    assert f"  [0] {'n' * 60}... (5000 characters)  FP32" in out
 
 
 def test_inspect_cuts_long_values_short(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -341,13 +341,28 @@ def _abbreviated(obj: Any, indent: int = 0) -> str:
     return json.dumps(obj)
 
 
-# C0 and C1 control characters and DEL, each as a \x escape.
+# C0 and C1 control characters and DEL, each as a \x escape; the Unicode
+# line separators and the bidirectional formatting characters (which make a
+# terminal show the text that follows in another order), each as a \u escape.
 _CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
+_CONTROLS.update(
+    (c, f"\\u{c:04x}")
+    for c in (
+        0x061C,
+        0x200E,
+        0x200F,
+        0x2028,
+        0x2029,
+        *range(0x202A, 0x202F),
+        *range(0x2066, 0x206A),
+    )
+)
 
 
 def _shown(text: str) -> str:
     """``text`` from the peer, safe on a terminal: its control characters
-    escaped, so that it can neither move the cursor nor forge lines."""
+    escaped, so that it can neither move the cursor, forge lines, nor reorder
+    what is shown after it."""
     return text.translate(_CONTROLS)
 
 
@@ -358,15 +373,19 @@ SHOWN_CHARS = 60
 def _value(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.6g}"
-    text = _shown(str(v))
-    if len(text) > SHOWN_CHARS:  # a BYTES element may run to 64 KiB
+    return _cut(_shown(str(v)))
+
+
+def _cut(text: str) -> str:
+    # A BYTES element may run to 64 KiB, a name to the header's size.
+    if len(text) > SHOWN_CHARS:
         return f"{text[:SHOWN_CHARS]}... ({len(text)} characters)"
     return text
 
 
 def _describe(summary: dict[str, Any]) -> str:
     lines = [
-        f"  [{summary['index']}] {_shown(summary['name'])}  {summary['datatype']}"
+        f"  [{summary['index']}] {_cut(_shown(summary['name']))}  {summary['datatype']}"
         f"  shape {summary['shape']}  {summary['bytes']} bytes ({summary['where']})"
     ]
     if summary["first"]:
