@@ -569,16 +569,17 @@ class EncodedResponse(BufferResponse):
         background: BackgroundTask | None = None,
         chunk_size: int = CHUNK_SIZE,
     ) -> None:
-        try:
-            coding = normalize_encoding(encoding)
-        except RemoteProtocolError:
-            raise LocalProtocolError(
-                f"encoding must be 'gzip', 'deflate' or None, got {encoding!r}"
-            ) from None
-        if coding is not None:
-            check_level(compression_level)  # (now, not when the body is sent)
+        coding = None
+        if encoding is not None:  # (None: nothing to look up)
+            try:
+                coding = normalize_encoding(encoding)
+            except RemoteProtocolError:
+                raise LocalProtocolError(
+                    f"encoding must be 'gzip', 'deflate' or None, got {encoding!r}"
+                ) from None
         framing = body.raw_headers
         if coding is not None:
+            check_level(compression_level)  # (now, not when the body is sent)
             framing = [(k, v) for k, v in framing if k != b"content-length"]
             framing += [(b"content-encoding", coding.encode()), (b"vary", b"Accept-Encoding")]
         super().__init__(
