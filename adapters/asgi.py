@@ -69,7 +69,7 @@ from binproto._compression import (
     compress_buffers,
     normalize_encoding,
 )
-from binproto._decode import decode
+from binproto._decode import _decode_plain
 from binproto._http import error_text
 from binproto._parser import DEFAULT_LIMITS, check_arguments
 from binproto._util import (
@@ -323,10 +323,11 @@ async def read_request(
     A body that arrives in one message (most small requests) is copied once,
     whole, and decoded as a whole body (:func:`binproto.decode_request`: the
     parser's checks without its per-event work), its tensors arrays over that
-    copy; without ``destinations`` only. A compressed body of up to 16 MiB
-    is read whole before it is parsed, and a gzip body whose trailer does not
-    give the size its header claims is refused before its tensors are
-    inflated (as :class:`~binproto.adapters.asyncio.V2Server` does). Any other
+    copy; without ``destinations`` only, and not a raw body. A compressed body
+    of up to 16 MiB is read whole before it is parsed, and a gzip body whose
+    trailer does not give the size its header claims is refused before its
+    tensors are inflated (as :class:`~binproto.adapters.asyncio.V2Server`
+    does). Any other
     body is parsed as it arrives, never held whole. ``raw_input`` is the
     model's one input, which a raw binary request's body stands for
     (``Inference-Header-Content-Length: 0``; refused without it).
@@ -351,17 +352,14 @@ async def read_request(
                 first += chunk
         if compressed and len(first) == length:
             ahead = (bytes(first[:2]), bytes(first[-4:]))
-        if not compressed and len(first) == length and destinations is None:
+        hl = claims.header_length
+        if not compressed and len(first) == length and destinations is None and hl != 0:
             # Writable, aligned arrays of their own, as the assembler's; no
-            # parser: the body is decoded whole.
-            hl = claims.header_length
-            decoded = decode(
-                "request",
-                aligned_copy(first, hl or 0),
-                header_length=hl,
-                limits=limits,
-                strict_bool=strict_bool,
-                raw_input=raw_input,
+            # parser: the body is decoded whole, without decode()'s checks of
+            # its arguments, made above. (A raw body, which decode() would
+            # take through a parser, is parsed below.)
+            decoded = _decode_plain(
+                "request", aligned_copy(first, hl or 0), hl, limits, strict_bool
             )
             tensors = aligned_arrays(decoded.tensors)
             return decoded if tensors is decoded.tensors else decoded._replace(tensors=tensors)
@@ -571,16 +569,17 @@ class EncodedResponse(BufferResponse):
         background: BackgroundTask | None = None,
         chunk_size: int = CHUNK_SIZE,
     ) -> None:
-        try:
-            coding = normalize_encoding(encoding)
-        except RemoteProtocolError:
-            raise LocalProtocolError(
-                f"encoding must be 'gzip', 'deflate' or None, got {encoding!r}"
-            ) from None
-        if coding is not None:
-            check_level(compression_level)  # (now, not when the body is sent)
+        coding = None
+        if encoding is not None:  # (None: nothing to look up)
+            try:
+                coding = normalize_encoding(encoding)
+            except RemoteProtocolError:
+                raise LocalProtocolError(
+                    f"encoding must be 'gzip', 'deflate' or None, got {encoding!r}"
+                ) from None
         framing = body.raw_headers
         if coding is not None:
+            check_level(compression_level)  # (now, not when the body is sent)
             framing = [(k, v) for k, v in framing if k != b"content-length"]
             framing += [(b"content-encoding", coding.encode()), (b"vary", b"Accept-Encoding")]
         super().__init__(

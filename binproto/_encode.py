@@ -274,9 +274,7 @@ def _wire_array(
     return arr.astype(target, order="C")
 
 
-def _prepare(name: Any, value: Any, datatype: str | None, params: Any, role: str) -> _Prepared:
-    if not isinstance(name, str):
-        raise _fail(f"{role} names must be strings, got {name!r}")
+def _prepare(name: str, value: Any, datatype: str | None, params: Any, role: str) -> _Prepared:
     label = f"{role} '{name}'"
     parameters = check_parameters(params, label)
     if _RESERVED in parameters:
