@@ -327,8 +327,7 @@ async def read_request(
     of up to 16 MiB is read whole before it is parsed, and a gzip body whose
     trailer does not give the size its header claims is refused before its
     tensors are inflated (as :class:`~binproto.adapters.asyncio.V2Server`
-    does). Any other
-    body is parsed as it arrives, never held whole. ``raw_input`` is the
+    does). Any other body is parsed as it arrives, never held whole. ``raw_input`` is the
     model's one input, which a raw binary request's body stands for
     (``Inference-Header-Content-Length: 0``; refused without it).
     """
