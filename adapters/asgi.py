@@ -70,7 +70,7 @@ from binproto._compression import (
     normalize_encoding,
 )
 from binproto._decode import _decode_plain
-from binproto._http import error_text
+from binproto._http import HeaderFields, error_text
 from binproto._parser import DEFAULT_LIMITS, check_arguments
 from binproto._util import (
     GATHER_BELOW,
@@ -155,8 +155,48 @@ def _disconnected(received: int) -> ClientDisconnected:
     return ClientDisconnected("the client disconnected before the end of the body", offset=received)
 
 
-def _scope_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
-    return list(scope.get("headers", ()))
+#: Most header lists whose fields the ASGI readers keep (see _scope_fields).
+KNOWN_HEADER_LISTS = 64
+#: Longest header list kept: bytes of its names and values, and lines.
+KNOWN_HEADER_BYTES = 1024
+KNOWN_HEADER_LINES = 32
+#: Headers that carry credentials: a list with one is never kept.
+_CREDENTIALS = ("authorization", "proxy-authorization", "cookie")
+_known_fields: dict[tuple[Any, ...], HeaderFields] = {}
+
+
+def _scope_fields(scope: Scope) -> HeaderFields:
+    """The request's header fields (:class:`binproto.HeaderFields`), read once
+    per header list.
+
+    A client sends the same headers again and again, and what binproto reads
+    from them (:func:`binproto.body_claims`, kept with the fields) depends on
+    their bytes alone: the fields of the last few lists are kept, by those
+    bytes, and serve again when they come again (a lookup where reading four
+    headers takes microseconds). As the servers' remembered heads, a list
+    that carries credentials (``Authorization``, ``Proxy-Authorization``,
+    ``Cookie``), or is longer than :data:`KNOWN_HEADER_BYTES` bytes or
+    :data:`KNOWN_HEADER_LINES` lines, is read each time, never kept: the
+    kept ones are shared by every request of the process. Up to
+    :data:`KNOWN_HEADER_LISTS` are kept (0: none).
+    """
+    key = tuple(scope.get("headers", ()))
+    try:
+        fields = _known_fields.get(key)
+    except TypeError:  # pairs that are lists (ASGI allows any two-item iterable)
+        return HeaderFields(key)
+    if fields is None:
+        fields = HeaderFields(key)
+        if (
+            KNOWN_HEADER_LISTS
+            and len(key) <= KNOWN_HEADER_LINES
+            and sum(len(name) + len(value) for name, value in key) <= KNOWN_HEADER_BYTES
+            and not any(name in fields for name in _CREDENTIALS)
+        ):
+            if len(_known_fields) >= KNOWN_HEADER_LISTS:
+                _known_fields.clear()  # (simplest, and safe from threads racing to drop one)
+            _known_fields[key] = fields
+    return fields
 
 
 def parser_from_scope(
@@ -177,7 +217,7 @@ def parser_from_scope(
     """
     return binproto.parser_from_headers(
         "request",
-        _scope_headers(scope),
+        _scope_fields(scope),
         limits=limits,
         strict_bool=strict_bool,
         raw_input=raw_input,
@@ -331,7 +371,7 @@ async def read_request(
     model's one input, which a raw binary request's body stands for
     (``Inference-Header-Content-Length: 0``; refused without it).
     """
-    claims = binproto.body_claims(_scope_headers(scope))
+    claims = binproto.body_claims(_scope_fields(scope))
     check_arguments("request", claims.header_length, claims.content_length, limits, raw_input)
     limits = limits if limits is not None else DEFAULT_LIMITS
     # The head's claims are checked before the first receive (see iter_events).

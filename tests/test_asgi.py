@@ -377,6 +377,93 @@ def test_bad_framing_headers(name: str, value: str, status: int) -> None:
     assert err.status_hint == status
 
 
+class _CountedFields(binproto.HeaderFields):
+    made = 0
+
+    def __init__(self, headers: Any) -> None:
+        type(self).made += 1
+        super().__init__(headers)
+
+
+@pytest.fixture
+def counted_fields(monkeypatch: pytest.MonkeyPatch) -> type[_CountedFields]:
+    """HeaderFields counted as the ASGI readers make them, none kept yet."""
+    monkeypatch.setattr(asgi, "HeaderFields", _CountedFields)
+    monkeypatch.setattr(asgi, "_known_fields", {})
+    _CountedFields.made = 0
+    return _CountedFields
+
+
+def test_a_header_list_that_comes_again_is_read_once(
+    counted_fields: type[_CountedFields],
+) -> None:
+    body, data = encoded()
+    for _ in range(3):  # equal lists, each made anew (as a server makes them)
+        msg = asyncio.run(asgi.read_request(scope_for(body.headers), receiver([data])))
+        check_decoded(msg)
+        parser = asgi.parser_from_scope(scope_for(body.headers))
+        assert (parser.header_length, parser.content_length) == (body.header_length, len(data))
+    assert counted_fields.made == 1
+    # Another body length is another list: read, and kept beside the first.
+    other = binproto.encode_request({"x": np.zeros(3, np.float32)})
+    msg = asyncio.run(asgi.read_request(scope_for(other.headers), receiver([bytes(other)])))
+    assert msg.tensors["x"].shape == (3,) and counted_fields.made == 2
+    assert len(asgi._known_fields) == 2
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [("Authorization", "Bearer secret")],
+        [("cookie", "session=1")],
+        [("Proxy-Authorization", "Basic eDp5")],
+        [("x-long", "v" * asgi.KNOWN_HEADER_BYTES)],
+        [(f"x-{i}", "") for i in range(asgi.KNOWN_HEADER_LINES)],
+    ],
+)
+def test_a_header_list_with_credentials_or_too_long_is_read_each_time(
+    counted_fields: type[_CountedFields], extra: list[tuple[str, str]]
+) -> None:
+    body, data = encoded()
+    for _ in range(2):
+        msg = asyncio.run(asgi.read_request(scope_for([*body.headers, *extra]), receiver([data])))
+        check_decoded(msg)
+    assert counted_fields.made == 2
+    assert not asgi._known_fields
+
+
+def test_header_lists_kept_are_bounded_and_pairs_may_be_lists(
+    counted_fields: type[_CountedFields], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body, data = encoded()
+    for i in range(asgi.KNOWN_HEADER_LISTS + 5):
+        asgi.parser_from_scope(scope_for([*body.headers, ("x-request", str(i))]))
+        assert len(asgi._known_fields) <= asgi.KNOWN_HEADER_LISTS
+    # None kept when none may be.
+    monkeypatch.setattr(asgi, "KNOWN_HEADER_LISTS", 0)
+    asgi._known_fields.clear()
+    asgi.parser_from_scope(scope_for(body.headers))
+    assert not asgi._known_fields
+    # Pairs as lists (ASGI allows any two-item iterable): read, not kept.
+    scope = scope_for(body.headers)
+    scope["headers"] = [list(pair) for pair in scope["headers"]]
+    asgi._known_fields.clear()
+    for _ in range(2):
+        check_decoded(asyncio.run(asgi.read_request(scope, receiver([data]))))
+    assert not asgi._known_fields
+
+
+def test_a_kept_header_list_with_a_bad_claim_fails_each_time(
+    counted_fields: type[_CountedFields],
+) -> None:
+    body, data = encoded()
+    headers = [*body.headers, ("content-length", "1")]  # a second, different length
+    for _ in range(2):
+        err = fails(scope_for(headers), receiver([data]))
+        assert err.status_hint == 400 and "conflicting Content-Length" in str(err)
+    assert counted_fields.made == 1
+
+
 def test_gzip_request_body() -> None:
     body, data = encoded()
     packed = gzip.compress(data)
