@@ -155,48 +155,76 @@ def _disconnected(received: int) -> ClientDisconnected:
     return ClientDisconnected("the client disconnected before the end of the body", offset=received)
 
 
-#: Most header lists whose fields the ASGI readers keep (see _scope_fields).
+#: Most header lists whose fields the ASGI readers keep (see _scope_fields); 0: none.
 KNOWN_HEADER_LISTS = 64
-#: Longest header list kept: bytes of its names and values, and lines.
-KNOWN_HEADER_BYTES = 1024
-KNOWN_HEADER_LINES = 32
+#: Longest header list kept: lines, and bytes of its names and values. A
+#: client sending to a server directly sends a few headers; a list that came
+#: through proxies is longer, and carries a request id: never the same twice,
+#: so not even looked up.
+KNOWN_HEADER_LINES = 8
+KNOWN_HEADER_BYTES = 512
+#: Header lists seen once whose hashes are noted, per list kept.
+SEEN_PER_KNOWN = 16
 #: Headers that carry credentials: a list with one is never kept.
 _CREDENTIALS = ("authorization", "proxy-authorization", "cookie")
-_known_fields: dict[tuple[Any, ...], HeaderFields] = {}
+_known_fields: dict[tuple[tuple[bytes, bytes], ...], HeaderFields] = {}
+_seen_lists: set[int] = set()  # hashes of lists read once
 
 
 def _scope_fields(scope: Scope) -> HeaderFields:
     """The request's header fields (:class:`binproto.HeaderFields`), read once
-    per header list.
+    per header list that comes again.
 
     A client sends the same headers again and again, and what binproto reads
     from them (:func:`binproto.body_claims`, kept with the fields) depends on
-    their bytes alone: the fields of the last few lists are kept, by those
-    bytes, and serve again when they come again (a lookup where reading four
-    headers takes microseconds). As the servers' remembered heads, a list
-    that carries credentials (``Authorization``, ``Proxy-Authorization``,
-    ``Cookie``), or is longer than :data:`KNOWN_HEADER_BYTES` bytes or
-    :data:`KNOWN_HEADER_LINES` lines, is read each time, never kept: the
-    kept ones are shared by every request of the process. Up to
-    :data:`KNOWN_HEADER_LISTS` are kept (0: none).
+    their bytes alone. As the servers' remembered heads: a list is noted (its
+    hash) the first time, its fields kept the second time, and those serve
+    when the same bytes come again (a lookup where reading four headers takes
+    microseconds); a list that never comes again (a request id in it, say)
+    costs a set entry. Only lists of ``bytes`` names and values (as ASGI
+    servers give them; ``str`` or views are read each time) of at most
+    :data:`KNOWN_HEADER_BYTES` bytes and :data:`KNOWN_HEADER_LINES` lines
+    are kept, none that carries credentials (``Authorization``,
+    ``Proxy-Authorization``, ``Cookie``): the kept ones are shared by every
+    request of the process. Up to :data:`KNOWN_HEADER_LISTS` are kept, and
+    the hashes of :data:`SEEN_PER_KNOWN` times as many.
     """
     key = tuple(scope.get("headers", ()))
-    try:
-        fields = _known_fields.get(key)
-    except TypeError:  # pairs that are lists (ASGI allows any two-item iterable)
+    if not KNOWN_HEADER_LISTS or len(key) > KNOWN_HEADER_LINES:
         return HeaderFields(key)
+    size = 0
+    for pair in key:
+        # Only bytes: a str or a view equal to bytes would be taken for them
+        # (and compared with them: a BytesWarning under python -bb).
+        if type(pair) is not tuple or len(pair) != 2:
+            return HeaderFields(key)
+        name, value = pair
+        if type(name) is not bytes or type(value) is not bytes:
+            return HeaderFields(key)
+        size += len(name) + len(value)
+    if size > KNOWN_HEADER_BYTES:
+        return HeaderFields(key)
+    fields = _known_fields.get(key)
     if fields is None:
         fields = HeaderFields(key)
-        if (
-            KNOWN_HEADER_LISTS
-            and len(key) <= KNOWN_HEADER_LINES
-            and sum(len(name) + len(value) for name, value in key) <= KNOWN_HEADER_BYTES
-            and not any(name in fields for name in _CREDENTIALS)
-        ):
-            if len(_known_fields) >= KNOWN_HEADER_LISTS:
-                _known_fields.clear()  # (simplest, and safe from threads racing to drop one)
-            _known_fields[key] = fields
+        _keep(key, fields)
     return fields
+
+
+def _keep(key: tuple[tuple[bytes, bytes], ...], fields: HeaderFields) -> None:
+    """Note a header list read once; keep the fields of one read before."""
+    seen = _seen_lists
+    noted = hash(key)
+    if noted not in seen:
+        if len(seen) >= SEEN_PER_KNOWN * KNOWN_HEADER_LISTS:
+            seen.clear()
+        seen.add(noted)
+        return
+    if any(name in fields for name in _CREDENTIALS):
+        return
+    if len(_known_fields) >= KNOWN_HEADER_LISTS:
+        _known_fields.clear()  # (simplest, and safe from threads racing to drop one)
+    _known_fields[key] = fields
 
 
 def parser_from_scope(

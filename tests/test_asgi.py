@@ -390,6 +390,7 @@ def counted_fields(monkeypatch: pytest.MonkeyPatch) -> type[_CountedFields]:
     """HeaderFields counted as the ASGI readers make them, none kept yet."""
     monkeypatch.setattr(asgi, "HeaderFields", _CountedFields)
     monkeypatch.setattr(asgi, "_known_fields", {})
+    monkeypatch.setattr(asgi, "_seen_lists", set())
     _CountedFields.made = 0
     return _CountedFields
 
@@ -403,12 +404,14 @@ def test_a_header_list_that_comes_again_is_read_once(
         check_decoded(msg)
         parser = asgi.parser_from_scope(scope_for(body.headers))
         assert (parser.header_length, parser.content_length) == (body.header_length, len(data))
-    assert counted_fields.made == 1
-    # Another body length is another list: read, and kept beside the first.
+    # Noted the first time, kept the second, read no more.
+    assert counted_fields.made == 2 and len(asgi._known_fields) == 1
+    # Another body length is another list.
     other = binproto.encode_request({"x": np.zeros(3, np.float32)})
-    msg = asyncio.run(asgi.read_request(scope_for(other.headers), receiver([bytes(other)])))
-    assert msg.tensors["x"].shape == (3,) and counted_fields.made == 2
-    assert len(asgi._known_fields) == 2
+    for _ in range(3):
+        msg = asyncio.run(asgi.read_request(scope_for(other.headers), receiver([bytes(other)])))
+        assert msg.tensors["x"].shape == (3,)
+    assert counted_fields.made == 4 and len(asgi._known_fields) == 2
 
 
 @pytest.mark.parametrize(
@@ -425,11 +428,45 @@ def test_a_header_list_with_credentials_or_too_long_is_read_each_time(
     counted_fields: type[_CountedFields], extra: list[tuple[str, str]]
 ) -> None:
     body, data = encoded()
-    for _ in range(2):
+    for _ in range(3):
         msg = asyncio.run(asgi.read_request(scope_for([*body.headers, *extra]), receiver([data])))
         check_decoded(msg)
-    assert counted_fields.made == 2
+    assert counted_fields.made == 3
     assert not asgi._known_fields
+
+
+def test_only_lists_of_bytes_are_kept_and_only_they_find_one(
+    counted_fields: type[_CountedFields],
+) -> None:
+    body, data = encoded()
+    kept = scope_for(body.headers)
+    for _ in range(2):
+        asgi.parser_from_scope(scope_for(body.headers))
+    assert len(asgi._known_fields) == 1 and counted_fields.made == 2
+
+    class Name(bytes):
+        pass
+
+    # Equal to the kept list, but not bytes: read each time, as before, and a
+    # fault of the same list read fresh stays a fault.
+    as_text = [(k.decode(), v.decode()) for k, v in kept["headers"]]
+    assert asgi.parser_from_scope({"headers": as_text}).content_length == len(data)
+    for odd in (
+        [(Name(k), v) for k, v in kept["headers"]],
+        [(k, memoryview(v)) for k, v in kept["headers"]],
+    ):
+        with pytest.raises(binproto.LocalProtocolError, match="str or bytes"):
+            asgi.parser_from_scope({"headers": odd})
+    assert counted_fields.made == 5 and len(asgi._known_fields) == 1
+    # Under python -bb, a str list equal to a kept bytes list is no BytesWarning.
+    code = (
+        "from binproto.adapters import asgi\n"
+        "h = [(b'content-length', b'5'), (b'inference-header-content-length', b'2')]\n"
+        "for _ in range(2): asgi.parser_from_scope({'headers': h})\n"
+        "t = [(k.decode(), v.decode()) for k, v in h]\n"
+        "assert asgi.parser_from_scope({'headers': t}).header_length == 2\n"
+    )
+    subprocess.run([sys.executable, "-bb", "-c", code], check=True)
 
 
 def test_header_lists_kept_are_bounded_and_pairs_may_be_lists(
@@ -437,18 +474,23 @@ def test_header_lists_kept_are_bounded_and_pairs_may_be_lists(
 ) -> None:
     body, data = encoded()
     for i in range(asgi.KNOWN_HEADER_LISTS + 5):
-        asgi.parser_from_scope(scope_for([*body.headers, ("x-request", str(i))]))
-        assert len(asgi._known_fields) <= asgi.KNOWN_HEADER_LISTS
-    # None kept when none may be.
+        for _ in range(2):
+            asgi.parser_from_scope(scope_for([*body.headers, ("x-request", str(i))]))
+        assert 0 < len(asgi._known_fields) <= asgi.KNOWN_HEADER_LISTS
+    for i in range(asgi.SEEN_PER_KNOWN * asgi.KNOWN_HEADER_LISTS + 5):
+        asgi.parser_from_scope(scope_for([*body.headers, ("x-id", str(i))]))
+        assert len(asgi._seen_lists) <= asgi.SEEN_PER_KNOWN * asgi.KNOWN_HEADER_LISTS
+    # None kept, and none used, when none may be.
     monkeypatch.setattr(asgi, "KNOWN_HEADER_LISTS", 0)
-    asgi._known_fields.clear()
-    asgi.parser_from_scope(scope_for(body.headers))
-    assert not asgi._known_fields
+    made = counted_fields.made
+    asgi.parser_from_scope(scope_for([*body.headers, ("x-request", "1")]))  # kept before
+    assert counted_fields.made == made + 1
     # Pairs as lists (ASGI allows any two-item iterable): read, not kept.
+    monkeypatch.setattr(asgi, "KNOWN_HEADER_LISTS", 64)
     scope = scope_for(body.headers)
     scope["headers"] = [list(pair) for pair in scope["headers"]]
     asgi._known_fields.clear()
-    for _ in range(2):
+    for _ in range(3):
         check_decoded(asyncio.run(asgi.read_request(scope, receiver([data]))))
     assert not asgi._known_fields
 
@@ -458,10 +500,10 @@ def test_a_kept_header_list_with_a_bad_claim_fails_each_time(
 ) -> None:
     body, data = encoded()
     headers = [*body.headers, ("content-length", "1")]  # a second, different length
-    for _ in range(2):
+    for _ in range(3):
         err = fails(scope_for(headers), receiver([data]))
         assert err.status_hint == 400 and "conflicting Content-Length" in str(err)
-    assert counted_fields.made == 1
+    assert counted_fields.made == 2
 
 
 def test_gzip_request_body() -> None:

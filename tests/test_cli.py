@@ -516,6 +516,13 @@ def test_inspect_escapes_the_peers_control_characters(
     code, out, err = run(["inspect", body("n" * 5000, "FP32")], capsys)
     assert code == 0, err
     assert f"  [0] {'n' * 60}... (5000 characters)  FP32" in out
+    # Counted and cut as sent: 60 characters whole, escapes never split.
+    code, out, err = run(["inspect", body("\u202e" * 60, "FP32")], capsys)
+    assert code == 0, err
+    assert "  [0] " + "\\u202e" * 60 + "  FP32" in out
+    code, out, err = run(["inspect", body("n" * 59 + "\x1b" * 3, "FP32")], capsys)
+    assert code == 0, err
+    assert "  [0] " + "n" * 59 + "\\x1b... (62 characters)  FP32" in out
 
 
 def test_inspect_cuts_long_values_short(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -373,11 +373,12 @@ SHOWN_CHARS = 60
 def _value(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.6g}"
-    return _cut(_shown(str(v)))
+    return _shown(_cut(str(v)))
 
 
 def _cut(text: str) -> str:
-    # A BYTES element may run to 64 KiB, a name to the header's size.
+    # A BYTES element may run to 64 KiB, a name to the header's size. (Cut
+    # before it is escaped: its own characters are counted, no escape split.)
     if len(text) > SHOWN_CHARS:
         return f"{text[:SHOWN_CHARS]}... ({len(text)} characters)"
     return text
@@ -385,7 +386,7 @@ def _cut(text: str) -> str:
 
 def _describe(summary: dict[str, Any]) -> str:
     lines = [
-        f"  [{summary['index']}] {_cut(_shown(summary['name']))}  {summary['datatype']}"
+        f"  [{summary['index']}] {_shown(_cut(summary['name']))}  {summary['datatype']}"
         f"  shape {summary['shape']}  {summary['bytes']} bytes ({summary['where']})"
     ]
     if summary["first"]:
