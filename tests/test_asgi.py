@@ -414,6 +414,16 @@ def test_a_header_list_that_comes_again_is_read_once(
     assert counted_fields.made == 4 and len(asgi._known_fields) == 2
 
 
+def test_a_header_list_of_the_most_lines_kept_is_kept(
+    counted_fields: type[_CountedFields],
+) -> None:
+    body, _ = encoded()
+    extra = [(f"x-{i}", "") for i in range(asgi.KNOWN_HEADER_LINES - len(body.headers))]
+    for _ in range(3):
+        asgi.parser_from_scope(scope_for([*body.headers, *extra]))
+    assert counted_fields.made == 2 and len(asgi._known_fields) == 1
+
+
 @pytest.mark.parametrize(
     "extra",
     [
@@ -481,10 +491,17 @@ def test_header_lists_kept_are_bounded_and_pairs_may_be_lists(
         asgi.parser_from_scope(scope_for([*body.headers, ("x-id", str(i))]))
         assert len(asgi._seen_lists) <= asgi.SEEN_PER_KNOWN * asgi.KNOWN_HEADER_LISTS
     # None kept, and none used, when none may be.
+    last = scope_for([*body.headers, ("x-request", str(asgi.KNOWN_HEADER_LISTS + 4))])
+    assert tuple(last["headers"]) in asgi._known_fields  # kept now
     monkeypatch.setattr(asgi, "KNOWN_HEADER_LISTS", 0)
     made = counted_fields.made
-    asgi.parser_from_scope(scope_for([*body.headers, ("x-request", "1")]))  # kept before
-    assert counted_fields.made == made + 1
+    for _ in range(2):
+        asgi.parser_from_scope(scope_for([*body.headers, ("x-request", "new")]))
+        asgi.parser_from_scope(last)
+    assert counted_fields.made == made + 4
+    assert tuple(scope_for([*body.headers, ("x-request", "new")])["headers"]) not in (
+        asgi._known_fields
+    )
     # Pairs as lists (ASGI allows any two-item iterable): read, not kept.
     monkeypatch.setattr(asgi, "KNOWN_HEADER_LISTS", 64)
     scope = scope_for(body.headers)

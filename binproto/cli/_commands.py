@@ -366,7 +366,8 @@ def _shown(text: str) -> str:
     return text.translate(_CONTROLS)
 
 
-#: Characters of a value shown on the terminal; a longer one is cut.
+#: Characters of a name or value (as sent, before escaping) shown on the
+#: terminal; a longer one is cut.
 SHOWN_CHARS = 60
 
 
