@@ -523,6 +523,11 @@ def test_inspect_escapes_the_peers_control_characters(
     code, out, err = run(["inspect", body("n" * 59 + "\x1b" * 3, "FP32")], capsys)
     assert code == 0, err
     assert "  [0] " + "n" * 59 + "\\x1b... (62 characters)  FP32" in out
+    # An error quoting a long name is cut as the servers' error answers are.
+    code, out, err = run(["inspect", body("n" * 5000, "FP99")], capsys)
+    assert code == 1
+    line = next(line for line in err.splitlines() if "invalid datatype" in line)
+    assert line.endswith("n... (cut at 1024 characters)") and len(line) < 1200
 
 
 def test_inspect_cuts_long_values_short(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

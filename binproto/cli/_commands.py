@@ -32,7 +32,7 @@ from .._datatypes import DATATYPES
 from .._errors import LocalProtocolError, ProtocolError
 from .._events import NEED_DATA, HeaderParsed, MessageComplete, TensorChunk, TensorComplete
 from .._header import InferenceHeader, TensorInfo
-from .._http import HEADER_LENGTH_NAME, header_value, parser_from_headers
+from .._http import HEADER_LENGTH_NAME, error_text, header_value, parser_from_headers
 from .._parser import Parser
 
 __all__ = [
@@ -422,7 +422,10 @@ def _error_dict(exc: ProtocolError) -> dict[str, Any]:
 
 def _error_line(exc: ProtocolError) -> str:
     where = f" at byte {exc.offset}" if exc.offset is not None else ""
-    return f"{type(exc).__name__}{where} (status hint {exc.status_hint}): {_shown(exc.msg)}"
+    # Worded and cut as the servers' error answers are (it may quote a name as
+    # long as the header).
+    text = error_text(exc.msg)
+    return f"{type(exc).__name__}{where} (status hint {exc.status_hint}): {_shown(text)}"
 
 
 def _message_headers(args: argparse.Namespace, size: int | None) -> list[tuple[str, str]]:
