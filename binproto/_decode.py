@@ -15,13 +15,7 @@ from ._header import InferenceHeader, Kind
 from ._limits import Limits
 from ._parser import DEFAULT_LIMITS, Parser, ParserState, check_arguments
 from ._raw import TensorSpec
-from ._readers import (
-    CHECKED_DATATYPES,
-    check_announced,
-    check_lengths,
-    parse_header,
-    tensor_check,
-)
+from ._readers import TENSOR_CHECKS, check_announced, check_lengths, parse_header
 from ._util import as_byte_view
 
 __all__ = ["DecodedMessage", "decode", "decode_request", "decode_response"]
@@ -79,7 +73,7 @@ def _decode_plain(
     announces against the body's length (:func:`check_announced`: every
     tensor's bytes are there and nothing follows them), then each tensor's
     bytes, in one piece, by the check its tensor reader would make
-    (:func:`tensor_check`); a BYTES tensor's elements are collected by the
+    (:data:`TENSOR_CHECKS`); a BYTES tensor's elements are collected by the
     same walk.
     """
     length = len(view)
@@ -106,11 +100,9 @@ def _decode_plain(
             elif info.array is not None:
                 tensors[info.name] = info.array
             continue
-        check = (
-            tensor_check(info, role, offset, strict_bool, collect_bytes=True)
-            if info.datatype in CHECKED_DATATYPES
-            else None
-        )
+        check = None
+        if info.datatype in TENSOR_CHECKS:
+            check = TENSOR_CHECKS[info.datatype](info, role, offset, strict_bool, True)
         if check is None:
             tensors[info.name] = array_from_bytes(info, view, offset)
         elif isinstance(check, BytesFramer):  # BYTES: the check collects the elements

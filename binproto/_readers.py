@@ -8,6 +8,7 @@ machine that dispatches to them).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from ._bytes import BytesFramer
@@ -20,6 +21,7 @@ from ._limits import Limits
 from ._util import check_bool
 
 __all__ = [
+    "TENSOR_CHECKS",
     "BoolCheck",
     "ChunkQueue",
     "TensorCheck",
@@ -30,7 +32,6 @@ __all__ = [
     "parse_header",
     "read_end",
     "read_header",
-    "tensor_check",
 ]
 
 
@@ -290,29 +291,31 @@ class BoolCheck:
         pass
 
 
-#: The datatypes whose binary bytes :func:`tensor_check` may check.
-CHECKED_DATATYPES = frozenset(("BYTES", "BOOL"))
-
-
-def tensor_check(
-    info: TensorInfo, role: str, base: int, strict_bool: bool, *, collect_bytes: bool = False
-) -> TensorCheck | None:
-    """The check a binary tensor's bytes need (None: none); ``base`` is the
-    body offset of its first byte, ``role`` ``"input"`` or ``"output"``.
-
-    BYTES framing always (a :class:`BytesFramer`, collecting the elements
-    with ``collect_bytes``); BOOL values with ``strict_bool``. Nothing is
-    sized by the claims: a check holds at most a 4-byte partial length prefix.
-    """
+def _framing(
+    info: TensorInfo, role: str, base: int, strict_bool: bool, collect: bool
+) -> TensorCheck:
     size = info.binary_size
-    if size is None:
-        return None
-    if info.datatype == "BYTES":
-        label = f"{role} '{info.name}'"
-        return BytesFramer(label, info.elements, size, base, collect=collect_bytes)
-    if info.datatype == "BOOL" and strict_bool:
-        return BoolCheck(f"{role} '{info.name}'", base)
-    return None
+    assert size is not None  # (a binary tensor's)
+    return BytesFramer(f"{role} '{info.name}'", info.elements, size, base, collect=collect)
+
+
+def _bool_values(
+    info: TensorInfo, role: str, base: int, strict_bool: bool, collect: bool
+) -> TensorCheck | None:
+    return BoolCheck(f"{role} '{info.name}'", base) if strict_bool else None
+
+
+#: The check a binary tensor's bytes need, by datatype (the others need none),
+#: made as ``make(info, role, base, strict_bool, collect)``: ``base`` is the
+#: body offset of its first byte, ``role`` ``"input"`` or ``"output"``. BYTES
+#: framing always (a :class:`BytesFramer`, collecting the elements with
+#: ``collect``); BOOL values with ``strict_bool`` (else None). Nothing is sized
+#: by the claims: a check holds at most a 4-byte partial length prefix. (The
+#: readers look a datatype up here, and make no call for the others.)
+TENSOR_CHECKS: dict[str, Callable[[TensorInfo, str, int, bool, bool], TensorCheck | None]] = {
+    "BYTES": _framing,
+    "BOOL": _bool_values,
+}
 
 
 class TensorReader:
@@ -359,8 +362,9 @@ class TensorReader:
             info = tensors[index]
             self.name = info.name
             self.remaining = info.binary_size or 0
-            if info.datatype in CHECKED_DATATYPES:  # (the others need no call)
-                self.check = tensor_check(info, self.role, self.position, self.strict_bool)
+            if info.datatype in TENSOR_CHECKS and info.binary_size is not None:
+                make = TENSOR_CHECKS[info.datatype]
+                self.check = make(info, self.role, self.position, self.strict_bool, False)
         else:
             self.name = ""
             self.remaining = 0

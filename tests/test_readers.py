@@ -8,15 +8,15 @@ import json
 import pytest
 
 import binproto
+from binproto._bytes import BytesFramer
 from binproto._compression import Inflater
 from binproto._datatypes import DATATYPES
 from binproto._readers import (
-    CHECKED_DATATYPES,
+    TENSOR_CHECKS,
     ChunkQueue,
     TensorReader,
     read_end,
     read_header,
-    tensor_check,
 )
 
 from .helpers import make_body
@@ -115,12 +115,20 @@ def test_tensor_reader_checks_bool_bytes() -> None:
     assert isinstance(lenient.read(_queued(body[hl:])), binproto.TensorChunk)
 
 
-@pytest.mark.parametrize("datatype", sorted(DATATYPES))
-def test_the_checked_datatypes_are_the_ones_with_a_check(datatype: str) -> None:
-    # Readers call tensor_check only for CHECKED_DATATYPES: no other may have one.
-    info = binproto.TensorInfo(0, "x", datatype, (1,), {}, 8, None, 8)
-    check = tensor_check(info, "input", 0, strict_bool=True)
-    assert (check is not None) == (datatype in CHECKED_DATATYPES)
+@pytest.mark.parametrize("strict_bool", [True, False])
+def test_tensor_checks_by_datatype(strict_bool: bool) -> None:
+    # BYTES framing always, BOOL values when strict; no other datatype has a check.
+    assert set(TENSOR_CHECKS) == {"BYTES", "BOOL"} and set(TENSOR_CHECKS) <= set(DATATYPES)
+    info = binproto.TensorInfo(0, "x", "BYTES", (1,), {}, 8, None, 8)
+    framing = TENSOR_CHECKS["BYTES"](info, "input", 10, strict_bool, False)
+    assert isinstance(framing, BytesFramer)
+    with pytest.raises(binproto.RemoteProtocolError, match="input 'x'") as err:
+        framing.feed(memoryview(b"\x09\x00\x00\x00abcd"), 0)
+        framing.finish()
+    assert err.value.offset is not None and err.value.offset >= 10
+    info = binproto.TensorInfo(0, "b", "BOOL", (2,), {}, 2, None, 2)
+    values = TENSOR_CHECKS["BOOL"](info, "output", 0, strict_bool, False)
+    assert (values is not None) == strict_bool
 
 
 def test_read_end_refuses_bytes_after_the_message() -> None:
