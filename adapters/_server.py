@@ -101,6 +101,7 @@ __all__ = [
     "ProbesIdle",
     "ReadsAhead",
     "ReceivesInto",
+    "Recycles",
     "Route",
     "RunsInThreads",
     "StreamingResponse",
@@ -197,6 +198,17 @@ class ReadsAhead(Protocol):
 
 
 @runtime_checkable
+class Recycles(Protocol):
+    """A :class:`ByteStream` that can receive again into memory the caller
+    is done with."""
+
+    def recycle(self, data: Any) -> None:
+        """The caller is done with ``data``, the rest of a piece
+        ``receive_some`` returned, and with all before it: no view of that
+        piece is used again, and its memory may receive later bytes."""
+
+
+@runtime_checkable
 class ProbesIdle(Protocol):
     """A :class:`ByteStream` that tells, without waiting, whether the peer
     has sent bytes or closed its side. The client asks before it sends a
@@ -216,6 +228,7 @@ class Capabilities(NamedTuple):
     yields: bool
     read_size: int
     probes_idle: bool = False
+    recycles: bool = False
 
 
 _CAPABILITIES: dict[type, Capabilities] = {}
@@ -233,6 +246,7 @@ def capabilities(stream: ByteStream) -> Capabilities:
             isinstance(stream, Yields),
             stream.read_size if isinstance(stream, ReadsAhead) else CHUNK,
             isinstance(stream, ProbesIdle),
+            isinstance(stream, Recycles),
         )
     return found
 
@@ -421,6 +435,9 @@ class BodyReader:
             if receive_in_place and offers.receives_into
             else None
         )
+        self._recycle: Callable[[Any], None] | None = (
+            cast(Recycles, stream).recycle if offers.recycles else None
+        )
         #: h11 is bypassed: the body has a Content-Length.
         self.direct = content_length is not None
         # What was received past the head, read before the stream: what h11
@@ -557,10 +574,17 @@ class BodyReader:
             or len(self._pending) - start < remaining
         ):
             return None
-        self._taken = start + remaining
+        pending = self._pending
+        end = self._taken = start + remaining
         self._remaining = 0
         self.done = True
-        return aligned_copy(memoryview(self._pending)[start : self._taken], align_at)
+        body = aligned_copy(memoryview(pending)[start:end], align_at)
+        if end == len(pending) and self._recycle is not None:
+            # Nothing was received past the body: the stream may receive the
+            # next request into the memory this one came in.
+            self._pending, self._taken = b"", 0
+            self._recycle(pending)
+        return body
 
     async def read_into(self, view: memoryview) -> int:
         """Receive body bytes into ``view`` (only when ``direct``); returns how many."""
@@ -1308,6 +1332,8 @@ class V2Server:
         # The head's bytes, when they came in one read into the empty
         # connection: looked up, or offered, among the KnownHeads.
         fresh_head: bytes | None = None
+        offers = capabilities(stream)
+        recycle = cast(Recycles, stream).recycle if offers.recycles else None
         while True:
             try:
                 event = conn.next_event() if ask else h11.NEED_DATA
@@ -1374,8 +1400,12 @@ class V2Server:
                 fresh_head = bytes(head)
                 known = self._heads.get(fresh_head)
                 if known is not None:
+                    if recycle is not None and not len(ahead):
+                        recycle(data)  # (read whole: no body came with it)
                     return Head(*known, ahead)  # h11 has read these bytes before
             conn.receive_data(head)
+            if recycle is not None and not len(ahead):
+                recycle(data)  # h11 holds a copy of all of it
 
     async def _send_error_and_close(
         self, stream: ByteStream, framer: ResponseFramer, exc: ProtocolError

@@ -1591,6 +1591,159 @@ def test_a_small_response_leaves_in_one_write(monkeypatch: pytest.MonkeyPatch) -
     assert answer.endswith(x.tobytes())
 
 
+def _count_made_buffers(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that gets an item for each receive buffer the server makes
+    (rather than takes from those it kept)."""
+    from binproto.adapters import asyncio as adapter
+
+    made: list[int] = []
+    original = adapter._ReceiveBuffers._make
+
+    def counting(self: Any) -> bytearray:
+        made.append(1)
+        return original(self)
+
+    monkeypatch.setattr(adapter._ReceiveBuffers, "_make", counting)
+    return made
+
+
+def test_a_request_taken_whole_leaves_its_receive_buffer_to_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Requests arriving together are each received into a buffer before any
+    # is served: made for each read and freed after each request, buffers
+    # come and go in batches and their pages are faulted in again each time.
+    made = _count_made_buffers(monkeypatch)
+    x = np.arange(4096, dtype=np.float32)  # 16 KiB: read with its head, taken whole
+    answers = asyncio.run(_keep_alive_round_trips(5, {"x": x}))
+    assert len(answers) == 5 and all(a.endswith(x.tobytes()) for a in answers)
+    assert len(made) == 1
+
+
+@pytest.mark.parametrize("known", [True, False], ids=["heads-kept", "heads-read"])
+def test_a_head_read_alone_leaves_its_receive_buffer_to_the_next(
+    monkeypatch: pytest.MonkeyPatch, known: bool
+) -> None:
+    # h11 holds a copy of the head (or read it before: a kept head): the
+    # buffer it came in is free at once. (An empty body is an error; the
+    # connection stays open, and a head with a Content-Length can be kept.)
+    request = b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+    made = _count_made_buffers(monkeypatch)
+    if not known:
+        monkeypatch.setattr(KnownHeads, "get", lambda self, head: None)
+
+    async def main() -> list[bytes]:
+        srv = await start_server()
+        port = srv.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        answers = []
+        try:
+            for _ in range(5):
+                writer.write(request)
+                head = await reader.readuntil(b"\r\n\r\n")
+                found = re.search(rb"\ncontent-length: (\d+)", head.lower())
+                assert found is not None
+                answers.append(head + await reader.readexactly(int(found.group(1))))
+        finally:
+            writer.close()
+            await close_server(srv)
+        return answers
+
+    answers = asyncio.run(main())
+    assert len(answers) == 5 and all(a.startswith(b"HTTP/1.1 400 ") for a in answers)
+    assert len(made) == 1
+
+
+def test_arrays_a_model_keeps_are_not_overwritten_by_later_requests() -> None:
+    # The receive buffer a request came in serves the next one: the arrays
+    # handed to the model must not be views of it.
+    kept: list[Any] = []
+
+    async def keep(request: InferRequest) -> dict[str, Any]:
+        tensors = await request.tensors()
+        kept.append(tensors["x"])
+        return dict(tensors)
+
+    # (bytes: a view of any offset would be aligned, so none would be copied)
+    values = [np.full(16384, i, dtype=np.uint8) for i in range(4)]
+
+    async def main() -> list[bytes]:
+        srv = await start_server(V2Server([Model("keep", keep)]))
+        port = srv.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        answers = []
+        try:
+            for value in values:
+                writer.write(_request_bytes({"x": value}, target="/v2/models/keep/infer"))
+                head = await reader.readuntil(b"\r\n\r\n")
+                found = re.search(rb"\ncontent-length: (\d+)", head.lower())
+                assert found is not None
+                answers.append(await reader.readexactly(int(found.group(1))))
+        finally:
+            writer.close()
+            await close_server(srv)
+        return answers
+
+    answers = asyncio.run(main())
+    assert all(a.endswith(v.tobytes()) for a, v in zip(answers, values, strict=True))
+    assert len(kept) == len(values)
+    for array, value in zip(kept, values, strict=True):
+        np.testing.assert_array_equal(array, value)
+
+
+def test_a_receive_buffer_comes_back_only_once_read_and_only_if_its_own() -> None:
+    from binproto.adapters.asyncio import _ReceiveBuffers, _ReceiveProtocol
+
+    class Transport:
+        def pause_reading(self) -> None:
+            pass
+
+        def resume_reading(self) -> None:
+            pass
+
+        def is_closing(self) -> bool:
+            return False
+
+    buffers = _ReceiveBuffers(most=1)
+    protocol = _ReceiveProtocol(buffers=buffers)
+    protocol.transport = Transport()  # type: ignore[assignment]
+
+    async def main() -> None:
+        buf = protocol.get_buffer(-1)  # bytes nobody asked for yet: a head's buffer
+        assert type(buf) is bytearray and len(buf) == HEAD_READ
+        buf[:6] = b"abcdef"
+        protocol.buffer_updated(6)
+        first = await protocol.receive_some(4, None)
+        assert bytes(first) == b"abcd"
+        protocol.recycle(first)  # "ef" is still to be read in it
+        assert buffers._free == []
+        rest = await protocol.receive_some(4, None)
+        assert bytes(rest) == b"ef"
+        protocol.recycle(memoryview(bytearray(b"ef")))  # not its memory
+        assert buffers._free == []
+        protocol.recycle(rest)
+        assert len(buffers._free) == 1 and buffers._free[0] is buf
+        protocol.recycle(rest)  # (given back once)
+        assert len(buffers._free) == 1
+        assert protocol.get_buffer(-1) is buf
+
+    asyncio.run(main())
+
+
+def test_a_server_keeps_a_bounded_number_of_receive_buffers() -> None:
+    from binproto.adapters.asyncio import _ReceiveBuffers
+
+    buffers = _ReceiveBuffers(most=2)
+    taken = [buffers.take() for _ in range(3)]
+    assert len({id(b) for b in taken}) == 3
+    for buf in taken:
+        buffers.give(buf)
+    assert len(buffers._free) == 2
+    assert buffers.take() is taken[1] and buffers.take() is taken[0]
+    fresh = buffers.take()
+    assert all(fresh is not buf for buf in taken)
+
+
 def test_reading_is_not_paused_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
     # Stopping and restarting reading costs two epoll_ctl calls; a keep-alive
     # client's next request should land in the read already waiting for it.
@@ -1702,11 +1855,17 @@ def test_streams_declare_what_they_offer_beyond_a_byte_stream() -> None:
         in_place: _server.ReceivesInto = sock_stream  # checked by mypy too
         threads: _server.RunsInThreads = sock_stream
         assert in_place is threads  # type: ignore[comparison-overlap]
-        assert _server.capabilities(sock_stream) == (True, True, True, _server.CHUNK, True)
+        assert _server.capabilities(sock_stream) == (True, True, True, _server.CHUNK, True, False)
     finally:
         a.close()
         b.close()
-    assert _server.capabilities(Minimal()) == (False, False, False, _server.CHUNK, False)
+    assert _server.capabilities(Minimal()) == (False, False, False, _server.CHUNK, False, False)
+    # The server's own stream takes back the memory of a request it is done with.
+    from binproto.adapters.asyncio import BufferedStream, _ReceiveProtocol
+
+    buffered = BufferedStream(_ReceiveProtocol())
+    recycles: _server.Recycles = buffered  # checked by mypy too
+    assert recycles is buffered and _server.capabilities(buffered).recycles
     assert StreamsStream.read_size > _server.CHUNK
     reader = _server.BodyReader(Minimal(), h11.Connection(h11.SERVER), 0, receive_in_place=True)
     assert reader.checkpoint is None and reader.to_thread is None and not reader.in_place

@@ -1,6 +1,11 @@
 """An idle connection costs the asyncio server little memory: no receive
 buffer waits with each read (one is made when bytes arrive), and a wait's
-timeout is a timer handle, not a task."""
+timeout is a timer handle, not a task.
+
+The receive buffers a server keeps for its next requests
+(``KEPT_RECEIVE_BUFFERS``, bounded and tested in test_asyncio.py) are the
+server's, not a connection's: none are kept here, so that the memory counted
+is what the connections hold."""
 
 from __future__ import annotations
 
@@ -17,6 +22,14 @@ import binproto
 from binproto.adapters._server import ByteStream, Timeouts, V2Server
 from binproto.adapters.asyncio import close_server, start_server
 from tests.test_timeouts import _asyncio_server, _connect
+
+
+@pytest.fixture(autouse=True)
+def _no_kept_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from binproto.adapters import asyncio as adapter
+
+    monkeypatch.setattr(adapter, "KEPT_RECEIVE_BUFFERS", 0)
+
 
 GET_LIVE = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
 COUNT = 200
