@@ -146,7 +146,10 @@ class ByteStream(Protocol):
     bytes received in place), :class:`RunsInThreads` (response compression
     and big JSON headers off the event loop), :class:`Yields` (a compressed
     body yields to other tasks every :data:`YIELD_BYTES` of its tensor
-    bytes) and :class:`ReadsAhead` (larger reads of a body).
+    bytes), :class:`ReadsAhead` (larger reads of a body), :class:`ProbesIdle`
+    (the client checks that the server has not closed an idle
+    connection before reusing it) and
+    :class:`Recycles` (memory a small body came in is received into again).
 
     A stream has a settable ``timeout``: the seconds one wait for the peer
     may take, to receive its bytes or to have ours taken (None: no bound).
@@ -563,7 +566,8 @@ class BodyReader:
         has all been received already, as a copy of its own (so its arrays are
         writable and hold nothing else received) whose byte ``align_at`` is
         aligned (see :func:`binproto._util.aligned_copy`); else None. The body
-        is then read to its end."""
+        is then read to its end, and when nothing was received past it, the
+        memory it came in is the stream's again (see :class:`Recycles`)."""
         remaining = self._remaining
         start = self._taken
         if (
@@ -1332,8 +1336,6 @@ class V2Server:
         # The head's bytes, when they came in one read into the empty
         # connection: looked up, or offered, among the KnownHeads.
         fresh_head: bytes | None = None
-        offers = capabilities(stream)
-        recycle = cast(Recycles, stream).recycle if offers.recycles else None
         while True:
             try:
                 event = conn.next_event() if ask else h11.NEED_DATA
@@ -1400,12 +1402,8 @@ class V2Server:
                 fresh_head = bytes(head)
                 known = self._heads.get(fresh_head)
                 if known is not None:
-                    if recycle is not None and not len(ahead):
-                        recycle(data)  # (read whole: no body came with it)
                     return Head(*known, ahead)  # h11 has read these bytes before
             conn.receive_data(head)
-            if recycle is not None and not len(ahead):
-                recycle(data)  # h11 holds a copy of all of it
 
     async def _send_error_and_close(
         self, stream: ByteStream, framer: ResponseFramer, exc: ProtocolError

@@ -216,9 +216,10 @@ class _ReceiveBuffers:
     and takes it again each time: a page fault every 4 KiB of them, 14 a
     request of 64 KiB at 64 connections. Kept, a buffer serves its next read
     with no allocation and no page to fault in (and none to clear). A
-    buffer comes back only when the server says it is done with every byte
-    of it (see :meth:`_ReceiveProtocol.recycle`); one it never gives back is
-    simply freed.
+    buffer comes back at once when what it received was small enough to copy
+    out (see :data:`LEND_FROM`), else when the server says it is done with
+    every byte of it (see :meth:`_ReceiveProtocol.recycle`); one it never
+    gives back is simply freed.
     """
 
     def __init__(self, most: int = 0) -> None:
@@ -238,6 +239,11 @@ class _ReceiveBuffers:
             self._free.append(buf)
 
 
+#: A read into a kept buffer of fewer bytes than this is copied out, and the
+#: buffer kept again at once; a read of more is handed out as a view of the
+#: buffer (a body of tens of KiB is not copied twice).
+LEND_FROM = 16 * 1024
+
 _EMPTY = memoryview(b"")
 
 
@@ -250,8 +256,12 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
     are kept for the next read, and only then is reading paused, so a peer
     that sends ahead is held to one read's worth. A read with no buffer of its
     own (``receive_some``) gets one when bytes arrive, not while it waits: an
-    idle connection holds no receive buffer. A read of a request head takes
-    one of the server's kept ``buffers``, given back by :meth:`recycle`.
+    idle connection holds no receive buffer. A read of a request head, and
+    bytes that arrive with nobody waiting, go into one of the server's kept
+    ``buffers`` (see :class:`_ReceiveBuffers`): at least
+    :data:`LEND_FROM` bytes are handed out as a view of it, until
+    :meth:`recycle` gives it back; fewer are copied out, and the buffer is
+    kept again at once.
     """
 
     def __init__(
@@ -320,15 +330,23 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
         spare = self._spare
         assert spare is not None
         self._spare = None
-        if spare is not self._lent:
+        if spare is self._lent:
+            # A kept buffer is never resized: it keeps its size for its next read.
+            got = memoryview(spare)[:nbytes]
+            if nbytes < LEND_FROM:
+                # Lent, a few bytes that wait (the start of a slow body, a
+                # pipelined request) would hold all of it.
+                got = memoryview(bytearray(got))
+                self._lent = None
+                self._buffers.give(spare)
+        else:
             try:
                 del spare[nbytes:]  # (shrunk in place: no copy)
             except BufferError:
                 # The loop still holds the buffer during this call (uvloop does),
                 # and a bytearray that is held cannot be resized: copy what came.
                 spare = spare[:nbytes]
-        # (A kept buffer is never resized: it keeps its size for its next read.)
-        got = memoryview(spare)[:nbytes]
+            got = memoryview(spare)
         if len(self._leftover):
             joined = bytearray(self._leftover)
             joined += got
@@ -533,7 +551,9 @@ class BufferedStream(_WorkerThreads):
         return await self._protocol.receive_into(view, self.timeout)
 
     async def receive_some(self, max_bytes: int) -> memoryview | bytes:
-        """Up to ``max_bytes`` bytes; empty at end of stream."""
+        """Up to ``max_bytes`` bytes, a view of the memory they came in
+        (which, after :meth:`recycle`, may receive later bytes); empty at end
+        of stream."""
         return await self._protocol.receive_some(max_bytes, self.timeout)
 
     def recycle(self, data: Any) -> None:

@@ -143,6 +143,53 @@ def test_an_idle_connection_after_a_tensor_costs_little(loop: str) -> None:
     assert per_connection <= 8 * 1024, per_connection
 
 
+@pytest.mark.parametrize("case", ["slow-body", "pipelined"])
+def test_a_connection_waiting_on_a_few_bytes_holds_no_whole_receive_buffer(case: str) -> None:
+    # The head and the first bytes of its body in one read, the rest to come;
+    # or a byte of the next request while the handler is busy: the few bytes
+    # wait in memory of their size, not in the 72 KiB buffer they came in.
+    from binproto.adapters._server import InferRequest, Model
+
+    async def slow(request: InferRequest) -> dict[str, object]:
+        await asyncio.sleep(3)
+        return {}
+
+    count = 100
+    app = V2Server([Model("slow", slow)], timeouts=Timeouts(keep_alive=60, body=60))
+    with _asyncio_server(app, zero_copy=True) as port:
+        socks = [_connect(port) for _ in range(5)]  # the first connections' one-off costs
+        for sock in socks:
+            sock.sendall(GET_LIVE)
+            assert sock.recv(1024).startswith(b"HTTP/1.1 200 ")
+        time.sleep(0.3)
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for _ in range(count):
+                sock = _connect(port)
+                if case == "slow-body":
+                    sock.sendall(
+                        b"POST /v2/models/slow/infer HTTP/1.1\r\nHost: x\r\n"
+                        b"Inference-Header-Content-Length: 4096\r\n"
+                        b'Content-Length: 4096\r\n\r\n{"inputs":'
+                    )
+                else:
+                    sock.sendall(
+                        b"POST /v2/models/slow/infer HTTP/1.1\r\nHost: x\r\n"
+                        b'Content-Length: 13\r\n\r\n{"inputs":[]}'
+                    )
+                    time.sleep(0.002)
+                    sock.sendall(b"G")
+                socks.append(sock)
+            time.sleep(1.0)  # every request read as far as it goes, its handler waiting
+            per_connection = (tracemalloc.get_traced_memory()[0] - before) / count
+        finally:
+            tracemalloc.stop()
+            for sock in socks:
+                sock.close()
+    assert per_connection <= 16 * 1024, per_connection
+
+
 @pytest.mark.parametrize("zero_copy", [True, False], ids=["zero_copy", "streams"])
 def test_an_idle_connection_waits_in_its_one_task(zero_copy: bool) -> None:
     # With the default timeouts every wait is bounded: by a timer handle, not
