@@ -1404,6 +1404,7 @@ class V2Server:
                 if known is not None:
                     return Head(*known, ahead)  # h11 has read these bytes before
             conn.receive_data(head)
+            data = head = b""  # (h11 holds a copy: no view of the read waits with the next)
 
     async def _send_error_and_close(
         self, stream: ByteStream, framer: ResponseFramer, exc: ProtocolError

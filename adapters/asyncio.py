@@ -239,9 +239,10 @@ class _ReceiveBuffers:
             self._free.append(buf)
 
 
-#: A read into a kept buffer of fewer bytes than this is copied out, and the
-#: buffer kept again at once; a read of more is handed out as a view of the
-#: buffer (a body of tens of KiB is not copied twice).
+#: A read waiting for bytes that gets at least this many in a kept buffer is
+#: handed a view of the buffer (a body of tens of KiB is not copied twice);
+#: fewer bytes, or bytes nobody waited for, are copied out, and the buffer
+#: kept again at once.
 LEND_FROM = 16 * 1024
 
 _EMPTY = memoryview(b"")
@@ -259,9 +260,10 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
     idle connection holds no receive buffer. A read of a request head, and
     bytes that arrive with nobody waiting, go into one of the server's kept
     ``buffers`` (see :class:`_ReceiveBuffers`): at least
-    :data:`LEND_FROM` bytes are handed out as a view of it, until
-    :meth:`recycle` gives it back; fewer are copied out, and the buffer is
-    kept again at once.
+    :data:`LEND_FROM` bytes for a read that waits for them are handed to it
+    as a view of the buffer, until :meth:`recycle` gives it back; fewer, or
+    bytes nobody waits for yet, are copied out, and the buffer is kept again
+    at once.
     """
 
     def __init__(
@@ -333,9 +335,10 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
         if spare is self._lent:
             # A kept buffer is never resized: it keeps its size for its next read.
             got = memoryview(spare)[:nbytes]
-            if nbytes < LEND_FROM:
-                # Lent, a few bytes that wait (the start of a slow body, a
-                # pipelined request) would hold all of it.
+            if nbytes < LEND_FROM or self._waiter is None:
+                # Lent, bytes that wait would hold all of it: a few (the start
+                # of a slow body), or any nobody asked for yet (a pipelined
+                # request, while the one before it is served).
                 got = memoryview(bytearray(got))
                 self._lent = None
                 self._buffers.give(spare)
@@ -462,13 +465,12 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
     def recycle(self, data: Any) -> None:
         """The server is done with ``data``, the rest of a piece
         :meth:`receive_some` gave, and with all before it: when that piece
-        was received into a kept buffer and nothing received into the buffer
-        waits to be read, the buffer is kept for a next read."""
+        was received into a kept buffer, the buffer is kept for a next read.
+        (A kept buffer is lent whole to the one read that waited for its
+        bytes, so no other bytes wait in it.)"""
         lent = self._lent
         if lent is None or type(data) is not memoryview or data.obj is not lent:
             return
-        if len(self._leftover) and self._leftover.obj is lent:
-            return  # (bytes still to be read in it)
         self._lent = None
         self._buffers.give(lent)
 

@@ -12,7 +12,8 @@ def _junk_in_kept_receive_buffers(monkeypatch: pytest.MonkeyPatch) -> Iterator[N
     """Overwrite every receive buffer an asyncio server keeps again with junk
     before it is kept: a view of one that is still in use (a buffer given
     back too soon) then reads junk, and the test reading it fails, instead
-    of passing until another request happens to land in the buffer."""
+    of passing until another request happens to land in the buffer. (Servers
+    run in this process: not those a test starts as a command.)"""
     try:
         from binproto.adapters import asyncio as adapter
     except ImportError:  # (the h11 extra missing: no server to watch)

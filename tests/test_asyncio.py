@@ -1751,46 +1751,56 @@ def _protocol(most: int) -> tuple[Any, Any]:
     return protocol, buffers
 
 
-def test_a_receive_buffer_comes_back_only_once_read_and_only_if_its_own() -> None:
+def test_a_receive_buffer_is_lent_to_the_read_that_waited_and_comes_back_once() -> None:
     from binproto.adapters.asyncio import LEND_FROM
 
     protocol, buffers = _protocol(most=2)
-    sent = bytes(range(256)) * (LEND_FROM // 256) + b"ef"
+    sent = bytes(range(256)) * (LEND_FROM // 256)
+    assert LEND_FROM <= len(sent) <= HEAD_READ
 
     async def main() -> None:
-        buf = protocol.get_buffer(-1)  # bytes nobody asked for yet: a head's buffer
+        protocol._loop = asyncio.get_running_loop()
+        reading = asyncio.ensure_future(protocol.receive_some(HEAD_READ, None))
+        await asyncio.sleep(0)  # (waiting for bytes)
+        buf = protocol.get_buffer(-1)
         assert type(buf) is bytearray and len(buf) == HEAD_READ
         buf[: len(sent)] = sent
         protocol.buffer_updated(len(sent))
-        first = await protocol.receive_some(LEND_FROM, None)
-        assert first.obj is buf and bytes(first) == sent[:LEND_FROM]  # lent: not copied
-        protocol.recycle(first)  # "ef" is still to be read in it
+        got = await reading
+        assert got.obj is buf and bytes(got) == sent  # lent: not copied
         assert buffers._free == []
-        rest = await protocol.receive_some(LEND_FROM, None)
-        assert bytes(rest) == b"ef"
-        protocol.recycle(memoryview(bytearray(b"ef")))  # not its memory
+        protocol.recycle(memoryview(bytearray(sent)))  # not its memory
         assert buffers._free == []
-        protocol.recycle(rest)
+        protocol.recycle(got[100:])
         assert len(buffers._free) == 1 and buffers._free[0] is buf
-        protocol.recycle(rest)  # (given back once)
+        protocol.recycle(got)  # (given back once)
         assert len(buffers._free) == 1
         assert protocol.get_buffer(-1) is buf
 
     asyncio.run(main())
 
 
-def test_a_small_read_is_copied_out_of_its_receive_buffer() -> None:
-    # Lent, a kept buffer that received a few bytes would be held whole while
-    # they wait (the start of a slow body, a pipelined request).
+@pytest.mark.parametrize("waiting", [True, False], ids=["a-few-bytes", "nobody-waiting"])
+def test_bytes_that_would_wait_are_copied_out_of_their_receive_buffer(waiting: bool) -> None:
+    # Lent, a kept buffer would be held whole while its bytes wait: a few
+    # (the start of a slow body), or any that nobody asked for yet (a
+    # pipelined request, while the one before it is served).
+    from binproto.adapters.asyncio import LEND_FROM
+
     protocol, buffers = _protocol(most=2)
+    sent = b"abcdef" if waiting else bytes(LEND_FROM)
 
     async def main() -> None:
+        protocol._loop = asyncio.get_running_loop()
+        if waiting:
+            reading = asyncio.ensure_future(protocol.receive_some(HEAD_READ, None))
+            await asyncio.sleep(0)
         buf = protocol.get_buffer(-1)
-        buf[:6] = b"abcdef"
-        protocol.buffer_updated(6)
+        buf[: len(sent)] = sent
+        protocol.buffer_updated(len(sent))
         assert len(buffers._free) == 1 and buffers._free[0] is buf  # kept again at once
-        got = await protocol.receive_some(10, None)
-        assert bytes(got) == b"abcdef" and got.obj is not buf
+        got = await reading if waiting else await protocol.receive_some(HEAD_READ, None)
+        assert got.obj is not buf and bytes(got) == sent
 
     asyncio.run(main())
 
