@@ -72,6 +72,7 @@ from binproto import (
 )
 from binproto._assemble import Destinations
 from binproto._compression import GZIP_AHEAD, check_gzip_size
+from binproto._http import CREDENTIAL_HEADERS, KeptOnSecondSight
 from binproto._util import aligned_arrays, aligned_copy, whole_number
 from binproto._writer import response_start
 
@@ -1125,13 +1126,8 @@ REMEMBERED_HEADER_LINES = 32
 #: Most heads a server remembers at once by default (``V2Server.remembered_heads``):
 #: under 1 MiB at the very most.
 REMEMBERED_HEADS = 64
-#: Heads seen once whose hashes are kept, per head remembered.
-SEEN_PER_REMEMBERED = 16
-
-#: Headers that carry credentials: a head with one is never remembered.
-_CREDENTIALS = ("authorization", "proxy-authorization", "cookie")
-#: Headers of a head that is never remembered.
-_NOT_REMEMBERED = (*_CREDENTIALS, "transfer-encoding", "expect", "upgrade")
+#: Headers of a head that is never remembered (those that carry credentials among them).
+_NOT_REMEMBERED = (*CREDENTIAL_HEADERS, "transfer-encoding", "expect", "upgrade")
 
 
 class KnownHeads:
@@ -1153,17 +1149,19 @@ class KnownHeads:
     (``Authorization``, ``Proxy-Authorization``, ``Cookie``) are never kept:
     the heads are shared by the server's connections, and a known head is
     answered sooner. Up to ``capacity`` heads are kept (0: none), and the
-    hashes of up to :data:`SEEN_PER_REMEMBERED` times as many seen once.
+    hashes of up to :data:`~binproto._http.SEEN_PER_KEPT` times as many seen
+    once (see :class:`~binproto._http.KeptOnSecondSight`).
     """
 
     def __init__(self, capacity: int = REMEMBERED_HEADS) -> None:
         self.capacity = capacity
-        self._requests: dict[bytes, tuple[h11.Request, HeaderFields]] = {}
-        self._seen: set[int] = set()  # hashes of heads read once
+        self._heads: KeptOnSecondSight[bytes, tuple[h11.Request, HeaderFields]] = (
+            KeptOnSecondSight()
+        )
 
     def get(self, head: bytes) -> tuple[h11.Request, HeaderFields] | None:
         """The request h11 read from ``head`` before, and its fields; or None."""
-        return self._requests.get(head)
+        return self._heads.get(head)
 
     def remember(self, head: bytes, request: h11.Request, fields: HeaderFields) -> None:
         """Keep ``request``, which h11 read from ``head`` alone (given it whole,
@@ -1171,23 +1169,13 @@ class KnownHeads:
         (:func:`~binproto.adapters.h11.fields_of`), when it qualifies.
         (The server offers only heads of at most :data:`REMEMBERED_HEAD_BYTES` bytes:
         a longer one is not copied to be looked up.)"""
-        if not self.capacity:
-            return
-        seen = self._seen
-        key = hash(head)  # (computed already by the lookup that missed)
-        if key not in seen:
-            if len(seen) >= SEEN_PER_REMEMBERED * self.capacity:
-                seen.clear()
-            seen.add(key)
+        if not self.capacity or not self._heads.seen_before(head, self.capacity):
             return
         if len(request.headers) > REMEMBERED_HEADER_LINES or request.method == b"CONNECT":
             return
         if "content-length" not in fields or any(name in fields for name in _NOT_REMEMBERED):
             return
-        known = self._requests
-        if len(known) >= self.capacity:
-            known.clear()  # (simplest, and safe from threads racing to drop one)
-        known[head] = (request, fields)
+        self._heads.keep(head, (request, fields), self.capacity)
 
 
 def _next_connection(rest: tuple[Any, bool], last: h11.Connection) -> h11.Connection:

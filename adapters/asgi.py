@@ -70,7 +70,7 @@ from binproto._compression import (
     normalize_encoding,
 )
 from binproto._decode import _decode_plain
-from binproto._http import HeaderFields, error_text
+from binproto._http import CREDENTIAL_HEADERS, HeaderFields, KeptOnSecondSight, error_text
 from binproto._parser import DEFAULT_LIMITS, check_arguments
 from binproto._util import (
     GATHER_BELOW,
@@ -163,12 +163,7 @@ KNOWN_HEADER_LISTS = 64
 #: so not even looked up.
 KNOWN_HEADER_LINES = 8
 KNOWN_HEADER_BYTES = 512
-#: Header lists seen once whose hashes are noted, per list kept.
-SEEN_PER_KNOWN = 16
-#: Headers that carry credentials: a list with one is never kept.
-_CREDENTIALS = ("authorization", "proxy-authorization", "cookie")
-_known_fields: dict[tuple[tuple[bytes, bytes], ...], HeaderFields] = {}
-_seen_lists: set[int] = set()  # hashes of lists read once
+_known_lists: KeptOnSecondSight[tuple[tuple[bytes, bytes], ...], HeaderFields] = KeptOnSecondSight()
 
 
 def _scope_fields(scope: Scope) -> HeaderFields:
@@ -187,7 +182,8 @@ def _scope_fields(scope: Scope) -> HeaderFields:
     are kept, none that carries credentials (``Authorization``,
     ``Proxy-Authorization``, ``Cookie``): the kept ones are shared by every
     request of the process. Up to :data:`KNOWN_HEADER_LISTS` are kept, and
-    the hashes of :data:`SEEN_PER_KNOWN` times as many.
+    the hashes of :data:`~binproto._http.SEEN_PER_KEPT` times as many (see
+    :class:`~binproto._http.KeptOnSecondSight`).
     """
     key = tuple(scope.get("headers", ()))
     if not KNOWN_HEADER_LISTS or len(key) > KNOWN_HEADER_LINES:
@@ -204,27 +200,14 @@ def _scope_fields(scope: Scope) -> HeaderFields:
         size += len(name) + len(value)
     if size > KNOWN_HEADER_BYTES:
         return HeaderFields(key)
-    fields = _known_fields.get(key)
+    fields = _known_lists.get(key)
     if fields is None:
         fields = HeaderFields(key)
-        _keep(key, fields)
+        if _known_lists.seen_before(key, KNOWN_HEADER_LISTS) and not any(
+            name in fields for name in CREDENTIAL_HEADERS
+        ):
+            _known_lists.keep(key, fields, KNOWN_HEADER_LISTS)
     return fields
-
-
-def _keep(key: tuple[tuple[bytes, bytes], ...], fields: HeaderFields) -> None:
-    """Note a header list read once; keep the fields of one read before."""
-    seen = _seen_lists
-    noted = hash(key)
-    if noted not in seen:
-        if len(seen) >= SEEN_PER_KNOWN * KNOWN_HEADER_LISTS:
-            seen.clear()
-        seen.add(noted)
-        return
-    if any(name in fields for name in _CREDENTIALS):
-        return
-    if len(_known_fields) >= KNOWN_HEADER_LISTS:
-        _known_fields.clear()  # (simplest, and safe from threads racing to drop one)
-    _known_fields[key] = fields
 
 
 def parser_from_scope(

@@ -100,9 +100,8 @@ def _decode_plain(
             elif info.array is not None:
                 tensors[info.name] = info.array
             continue
-        check = None
-        if info.datatype in TENSOR_CHECKS:
-            check = TENSOR_CHECKS[info.datatype](info, role, offset, strict_bool, True)
+        make = TENSOR_CHECKS.get(info.datatype)
+        check = make(info, role, offset, strict_bool, True) if make is not None else None
         if check is None:
             tensors[info.name] = array_from_bytes(info, view, offset)
         elif isinstance(check, BytesFramer):  # BYTES: the check collects the elements

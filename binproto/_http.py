@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterable, Mapping
-from typing import NamedTuple
+from collections.abc import Hashable, Iterable, Mapping
+from typing import Generic, NamedTuple, TypeVar
 
 from ._compression import normalize_encoding, unsupported_encoding
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError
@@ -18,11 +18,14 @@ from ._util import whole_number
 
 __all__ = [
     "CONTENT_ENCODING_NAME",
+    "CREDENTIAL_HEADERS",
     "HEADER_LENGTH_NAME",
     "MAX_ERROR_TEXT",
+    "SEEN_PER_KEPT",
     "BodyClaims",
     "HeaderFields",
     "Headers",
+    "KeptOnSecondSight",
     "body_claims",
     "content_encoding_from",
     "content_length_from",
@@ -36,6 +39,57 @@ __all__ = [
 ]
 
 HEADER_LENGTH_NAME = "Inference-Header-Content-Length"
+
+#: Headers that carry credentials: what was read from headers with one of
+#: them is never kept for other requests (see :class:`KeptOnSecondSight`).
+CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "cookie")
+#: Keys seen once whose hashes a :class:`KeptOnSecondSight` notes, per value it keeps.
+SEEN_PER_KEPT = 16
+
+_K = TypeVar("_K", bound=Hashable)
+_V = TypeVar("_V")
+
+
+class KeptOnSecondSight(Generic[_K, _V]):
+    """What was read from bytes that come again and again (a request head,
+    a header list), kept by those bytes from the second time they come.
+
+    The first time only a key's hash is noted: a key that never comes again
+    (a request id in it, a new body length) costs a set entry, not a kept
+    value. Up to ``capacity`` values are kept and the hashes of
+    :data:`SEEN_PER_KEPT` times as many keys; when either is full it is
+    cleared (simplest, and safe from threads racing to drop one entry). The
+    capacity is given with each call, so that a bound its user reads at run
+    time applies at once.
+    """
+
+    def __init__(self) -> None:
+        self.kept: dict[_K, _V] = {}  #: the values kept, by key
+        self.seen: set[int] = set()  #: hashes of keys seen once
+
+    def get(self, key: _K) -> _V | None:
+        """The value kept for ``key``, or None."""
+        return self.kept.get(key)
+
+    def seen_before(self, key: _K, capacity: int) -> bool:
+        """Note ``key``; True when it was noted before, and its value may be
+        kept (:meth:`keep`) if it qualifies."""
+        noted = hash(key)  # (computed already by the lookup that missed)
+        seen = self.seen
+        if noted in seen:
+            return True
+        if len(seen) >= SEEN_PER_KEPT * capacity:
+            seen.clear()
+        seen.add(noted)
+        return False
+
+    def keep(self, key: _K, value: _V, capacity: int) -> None:
+        """Keep ``value`` for ``key``."""
+        kept = self.kept
+        if len(kept) >= capacity:
+            kept.clear()
+        kept[key] = value
+
 
 # Longer than any body anyone will send: 2**53, also exact in a JSON number.
 _ABSURD = 2**53

@@ -362,8 +362,8 @@ class TensorReader:
             info = tensors[index]
             self.name = info.name
             self.remaining = info.binary_size or 0
-            if info.datatype in TENSOR_CHECKS and info.binary_size is not None:
-                make = TENSOR_CHECKS[info.datatype]
+            make = TENSOR_CHECKS.get(info.datatype)
+            if make is not None and info.binary_size is not None:
                 self.check = make(info, self.role, self.position, self.strict_bool, False)
         else:
             self.name = ""

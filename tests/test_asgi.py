@@ -27,6 +27,7 @@ from starlette.requests import Request
 from tritonclient.utils import InferenceServerException
 
 import binproto
+from binproto._http import SEEN_PER_KEPT, KeptOnSecondSight
 from binproto.adapters import asgi
 from tests.example_server import Server, run_example_server
 from tests.helpers import arrays_equal, make_body
@@ -389,8 +390,7 @@ class _CountedFields(binproto.HeaderFields):
 def counted_fields(monkeypatch: pytest.MonkeyPatch) -> type[_CountedFields]:
     """HeaderFields counted as the ASGI readers make them, none kept yet."""
     monkeypatch.setattr(asgi, "HeaderFields", _CountedFields)
-    monkeypatch.setattr(asgi, "_known_fields", {})
-    monkeypatch.setattr(asgi, "_seen_lists", set())
+    monkeypatch.setattr(asgi, "_known_lists", KeptOnSecondSight())
     _CountedFields.made = 0
     return _CountedFields
 
@@ -405,13 +405,13 @@ def test_a_header_list_that_comes_again_is_read_once(
         parser = asgi.parser_from_scope(scope_for(body.headers))
         assert (parser.header_length, parser.content_length) == (body.header_length, len(data))
     # Noted the first time, kept the second, read no more.
-    assert counted_fields.made == 2 and len(asgi._known_fields) == 1
+    assert counted_fields.made == 2 and len(asgi._known_lists.kept) == 1
     # Another body length is another list.
     other = binproto.encode_request({"x": np.zeros(3, np.float32)})
     for _ in range(3):
         msg = asyncio.run(asgi.read_request(scope_for(other.headers), receiver([bytes(other)])))
         assert msg.tensors["x"].shape == (3,)
-    assert counted_fields.made == 4 and len(asgi._known_fields) == 2
+    assert counted_fields.made == 4 and len(asgi._known_lists.kept) == 2
 
 
 def test_a_header_list_of_the_most_lines_kept_is_kept(
@@ -421,7 +421,7 @@ def test_a_header_list_of_the_most_lines_kept_is_kept(
     extra = [(f"x-{i}", "") for i in range(asgi.KNOWN_HEADER_LINES - len(body.headers))]
     for _ in range(3):
         asgi.parser_from_scope(scope_for([*body.headers, *extra]))
-    assert counted_fields.made == 2 and len(asgi._known_fields) == 1
+    assert counted_fields.made == 2 and len(asgi._known_lists.kept) == 1
 
 
 @pytest.mark.parametrize(
@@ -442,7 +442,7 @@ def test_a_header_list_with_credentials_or_too_long_is_read_each_time(
         msg = asyncio.run(asgi.read_request(scope_for([*body.headers, *extra]), receiver([data])))
         check_decoded(msg)
     assert counted_fields.made == 3
-    assert not asgi._known_fields
+    assert not asgi._known_lists.kept
 
 
 def test_only_lists_of_bytes_are_kept_and_only_they_find_one(
@@ -452,7 +452,7 @@ def test_only_lists_of_bytes_are_kept_and_only_they_find_one(
     kept = scope_for(body.headers)
     for _ in range(2):
         asgi.parser_from_scope(scope_for(body.headers))
-    assert len(asgi._known_fields) == 1 and counted_fields.made == 2
+    assert len(asgi._known_lists.kept) == 1 and counted_fields.made == 2
 
     class Name(bytes):
         pass
@@ -467,7 +467,7 @@ def test_only_lists_of_bytes_are_kept_and_only_they_find_one(
     ):
         with pytest.raises(binproto.LocalProtocolError, match="str or bytes"):
             asgi.parser_from_scope({"headers": odd})
-    assert counted_fields.made == 5 and len(asgi._known_fields) == 1
+    assert counted_fields.made == 5 and len(asgi._known_lists.kept) == 1
     # Under python -bb, a str list equal to a kept bytes list is no BytesWarning.
     code = (
         "from binproto.adapters import asgi\n"
@@ -486,13 +486,13 @@ def test_header_lists_kept_are_bounded_and_pairs_may_be_lists(
     for i in range(asgi.KNOWN_HEADER_LISTS + 5):
         for _ in range(2):
             asgi.parser_from_scope(scope_for([*body.headers, ("x-request", str(i))]))
-        assert 0 < len(asgi._known_fields) <= asgi.KNOWN_HEADER_LISTS
-    for i in range(asgi.SEEN_PER_KNOWN * asgi.KNOWN_HEADER_LISTS + 5):
+        assert 0 < len(asgi._known_lists.kept) <= asgi.KNOWN_HEADER_LISTS
+    for i in range(SEEN_PER_KEPT * asgi.KNOWN_HEADER_LISTS + 5):
         asgi.parser_from_scope(scope_for([*body.headers, ("x-id", str(i))]))
-        assert len(asgi._seen_lists) <= asgi.SEEN_PER_KNOWN * asgi.KNOWN_HEADER_LISTS
+        assert len(asgi._known_lists.seen) <= SEEN_PER_KEPT * asgi.KNOWN_HEADER_LISTS
     # None kept, and none used, when none may be.
     last = scope_for([*body.headers, ("x-request", str(asgi.KNOWN_HEADER_LISTS + 4))])
-    assert tuple(last["headers"]) in asgi._known_fields  # kept now
+    assert tuple(last["headers"]) in asgi._known_lists.kept  # kept now
     monkeypatch.setattr(asgi, "KNOWN_HEADER_LISTS", 0)
     made = counted_fields.made
     for _ in range(2):
@@ -500,16 +500,16 @@ def test_header_lists_kept_are_bounded_and_pairs_may_be_lists(
         asgi.parser_from_scope(last)
     assert counted_fields.made == made + 4
     assert tuple(scope_for([*body.headers, ("x-request", "new")])["headers"]) not in (
-        asgi._known_fields
+        asgi._known_lists.kept
     )
     # Pairs as lists (ASGI allows any two-item iterable): read, not kept.
     monkeypatch.setattr(asgi, "KNOWN_HEADER_LISTS", 64)
     scope = scope_for(body.headers)
     scope["headers"] = [list(pair) for pair in scope["headers"]]
-    asgi._known_fields.clear()
+    asgi._known_lists.kept.clear()
     for _ in range(3):
         check_decoded(asyncio.run(asgi.read_request(scope, receiver([data]))))
-    assert not asgi._known_fields
+    assert not asgi._known_lists.kept
 
 
 def test_a_kept_header_list_with_a_bad_claim_fails_each_time(

@@ -16,10 +16,10 @@ import pytest
 
 import binproto
 from binproto import HeaderFields
+from binproto._http import SEEN_PER_KEPT
 from binproto.adapters._server import (
     REMEMBERED_HEAD_BYTES,
     REMEMBERED_HEADS,
-    SEEN_PER_REMEMBERED,
     KnownHeads,
     V2Server,
     echo_model,
@@ -262,7 +262,7 @@ def test_a_head_read_once_is_only_noted() -> None:
     # request: their hashes are noted, a bounded number of them.
     known = KnownHeads()
     request, fields = _read(HEAD)
-    for i in range(SEEN_PER_REMEMBERED * REMEMBERED_HEADS):
+    for i in range(SEEN_PER_KEPT * REMEMBERED_HEADS):
         known.remember(b"%d" % i, request, fields)
     assert known.get(b"0") is None and known.get(b"7") is None
     known.remember(b"0", request, fields)  # noted before: kept
