@@ -95,8 +95,9 @@ class TensorAssembler:
             :class:`TensorInfo` and returns an array or None (None: let the
             assembler allocate). A destination must be writable, C-contiguous,
             and exactly ``binary_size`` bytes; its dtype is the caller's
-            choice (one of plain values: no Python objects). BYTES tensors
-            always use the assembler's own memory.
+            choice (one of plain values: no Python objects). Destinations of
+            one message may not overlap. BYTES tensors always use the
+            assembler's own memory.
 
     After :class:`TensorComplete`, ``tensors[name]`` holds the tensor: the
     destination array itself when one was given, else a new array of the
@@ -121,6 +122,8 @@ class TensorAssembler:
         self.shared_memory: list[str] = []
         # Tensors begun and not complete, by index.
         self._open: dict[int, _Building] = {}
+        # The caller's arrays taken so far, by tensor name: no two may overlap.
+        self._taken: list[tuple[str, np.ndarray[Any, Any]]] = []
         #: Tensor bytes copied from chunks into tensor memory.
         self.bytes_copied = 0
         #: Tensor bytes that arrived already in place (see :meth:`target`): not copied.
@@ -257,6 +260,14 @@ class TensorAssembler:
                 f"destination for '{info.name}' holds {array.nbytes} bytes,"
                 f" the tensor has {info.binary_size}"
             )
+        # Two tensors in one memory would overwrite each other, silently. (For
+        # contiguous arrays, sharing bounds is sharing bytes: numpy's quick test.)
+        for name, taken in self._taken:
+            if np.may_share_memory(array, taken):
+                raise LocalProtocolError(
+                    f"destination for '{info.name}' overlaps the destination of '{name}'"
+                )
+        self._taken.append((info.name, array))
         return array
 
     def message(self) -> DecodedMessage:

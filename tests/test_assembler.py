@@ -109,6 +109,29 @@ def test_bad_destinations_are_local_errors(bad: np.ndarray[Any, Any]) -> None:
         _assemble(body, hl, [body], TensorAssembler({"f": bad}))
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+def test_overlapping_destinations_are_a_local_error(overlap: bool) -> None:
+    """Two tensors in one memory would overwrite each other: refused, whichever
+    way the destinations are given; side by side in one buffer is fine."""
+    body, hl, expected = _body()
+    memory = np.zeros(128, dtype=np.uint8)
+    f = memory[:96].view("<f4").reshape(2, 3, 4)
+    b = memory[95:98] if overlap else memory[96:99]
+    for destinations in (
+        {"f": f, "b": b},
+        lambda info: {"f": f, "b": b}.get(info.name),
+    ):
+        asm = TensorAssembler(destinations)
+        if overlap:
+            with pytest.raises(LocalProtocolError, match="'b' overlaps the destination of 'f'"):
+                _assemble(body, hl, [body], asm)
+        else:
+            _assemble(body, hl, [body], asm)
+            assert asm.tensors["f"] is f and asm.tensors["b"] is b
+            np.testing.assert_array_equal(f, expected["f"])
+            np.testing.assert_array_equal(b.view(bool), expected["b"])
+
+
 @pytest.mark.parametrize("bad", [[1, 2], "f", 3])
 def test_destinations_of_another_kind_are_a_local_error(bad: Any) -> None:
     with pytest.raises(LocalProtocolError, match="destinations must be a mapping"):
