@@ -75,7 +75,8 @@ def check_gzip_size(head: bytes, tail: bytes, claimed: int, offset: int) -> None
     if isize != claimed % (1 << 32):
         raise RemoteProtocolError(
             f"the gzip body expands to {isize} bytes (modulo 2**32, by its trailer),"
-            f" not the {claimed} its header and tensors claim",
+            f" not the {claimed} its header and tensors claim (or bytes follow its gzip"
+            " stream: its last 4 bytes are read as the trailer's length)",
             offset=offset,
         )
 

@@ -25,6 +25,16 @@ Kind = Literal["request", "response"]
 
 _U64 = 2**64
 
+# What JSON gives for the values a parameter may have (str | number | bool).
+_PARAMETER_TYPES = frozenset((str, int, float, bool))
+
+
+def _json_type(value: object) -> str:
+    """The JSON name of a decoded value's type."""
+    if value is None:
+        return "null"
+    return "array" if isinstance(value, list) else "object"
+
 
 class RequestedOutput(NamedTuple):
     """An entry of a request's ``outputs``: which output to return, and how.
@@ -362,6 +372,16 @@ def build_header(
     bdo = params.get("binary_data_output")
     if bdo is not None and not isinstance(bdo, bool):
         raise _fail("Unable to parse 'binary_data_output': expected a bool")
+    if kind == "request":
+        # A request's own parameters reach the model as they are: values the
+        # protocol does not allow are refused, as Triton does (a tensor's and
+        # a requested output's are taken as sent, as there).
+        for key, value in params.items():
+            if type(value) not in _PARAMETER_TYPES:
+                raise _fail(
+                    f"parameter '{key}' has invalid type {_json_type(value)}: the"
+                    " request's parameters are strings, numbers or booleans"
+                )
     keys = len(obj) + len(params)
     seen: set[str] = set()
     infos = []

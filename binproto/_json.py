@@ -188,11 +188,18 @@ def _check_surrogates(raw: bytes, kind: str) -> None:
 _CHECK = "check Inference-Header-Content-Length"
 
 
-def _length_hint(size: int, offset: int, *, extra: bool = False, binary: bool = False) -> str:
+def _length_hint(
+    size: int, offset: int, *, extra: bool = False, binary: bool = False, nul: bool = False
+) -> str:
     """What most likely went wrong when a JSON header of ``size`` bytes fails to
-    parse at ``offset``: the header length that cut it (or Content-Encoding)."""
+    parse at ``offset``: the header length that cut it (or Content-Encoding);
+    ``nul``: the JSON is followed by a NUL byte (padding some clients add,
+    which a parser of C strings takes for the end), with ``extra``."""
     if extra:
-        return f"; the JSON ends at byte {offset} but the header is {size} bytes: {_CHECK}"
+        hint = f"; the JSON ends at byte {offset} but the header is {size} bytes: {_CHECK}"
+        if nul:  # (or a header length one too long, into tensor bytes that start with 0)
+            hint += " (a NUL byte after the JSON is no whitespace: pad a header with spaces)"
+        return hint
     if binary:
         return (
             f"; binary data in the first {size} bytes taken as the JSON header: {_CHECK}"
@@ -268,9 +275,11 @@ def loads_header(raw: bytes, *, max_depth: int, kind: str = "request") -> Any:
         ) from None
     except json.JSONDecodeError as exc:
         offset = len(text[: exc.pos].encode("utf-8"))
+        extra = exc.msg == "Extra data"
+        nul = extra and raw[offset : offset + 1] == b"\0"
         raise RemoteProtocolError(
             f"failed to parse the {kind} JSON buffer: {exc.msg}"
-            + _length_hint(len(raw), offset, extra=exc.msg == "Extra data"),
+            + _length_hint(len(raw), offset, extra=extra, nul=nul),
             offset=offset,
         ) from None
     except ValueError as exc:  # e.g. an integer literal over Python's digit limit

@@ -114,3 +114,42 @@ def test_the_headers_own_fields_are_checked_in_order(
     with pytest.raises(binproto.RemoteProtocolError, match=message) as err:
         build_header(obj, kind, binproto.Limits(), 30)
     assert (err.value.status_hint, err.value.offset) == (400, 0)
+
+
+@pytest.mark.parametrize(
+    ("value", "json_type"), [(None, "null"), ([1], "array"), ({"a": 1}, "object")]
+)
+def test_a_request_parameter_that_is_no_scalar_is_refused(value: Any, json_type: str) -> None:
+    """A request's own parameters are strings, numbers or booleans (the
+    protocol's ``$parameters``; Triton refuses the others too)."""
+    obj: dict[str, Any] = {"inputs": [], "parameters": {"ok": 1, "p": value}}
+    with pytest.raises(
+        binproto.RemoteProtocolError, match=f"parameter 'p' has invalid type {json_type}"
+    ) as err:
+        build_header(obj, "request", binproto.Limits(), 30)
+    assert (err.value.status_hint, err.value.offset) == (400, 0)
+
+
+@pytest.mark.parametrize("value", ["s", 1, -(2**70), 1.5, True, False])
+def test_scalar_request_parameters_are_taken_as_sent(value: Any) -> None:
+    obj: dict[str, Any] = {"inputs": [], "parameters": {"p": value}}
+    header, _ = build_header(obj, "request", binproto.Limits(), 30)
+    assert header.parameters["p"] == value and type(header.parameters["p"]) is type(value)
+
+
+def test_parameters_of_tensors_outputs_and_responses_are_taken_as_sent() -> None:
+    """Where Triton takes any value (a tensor's, a requested output's), and
+    in a response (a client takes what its server sends), so does binproto."""
+    tensor = {"name": "x", "datatype": "FP32", "shape": [1], "data": [1.0]}
+    odd = {"p": None, "q": [1], "r": {"a": 1}}
+    request: dict[str, Any] = {
+        "inputs": [{**tensor, "parameters": odd}],
+        "outputs": [{"name": "y", "parameters": odd}],
+    }
+    header, _ = build_header(request, "request", binproto.Limits(), 30)
+    assert header.tensors[0].parameters == odd
+    assert header.requested_outputs is not None
+    assert header.requested_outputs[0].parameters == odd
+    response: dict[str, Any] = {"outputs": [tensor], "parameters": odd}
+    header, _ = build_header(response, "response", binproto.Limits(), 30)
+    assert header.parameters == odd

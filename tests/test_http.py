@@ -65,6 +65,18 @@ def test_bad_values(value: str, match: str, status: int) -> None:
     assert info.value.status_hint == status
 
 
+@pytest.mark.parametrize("zeros", [1, 30])
+def test_leading_zeros_are_no_size(zeros: int) -> None:
+    """Zeros before the digits (Triton takes them too) do not make a value
+    absurdly large; only its digits count."""
+    value = "0" * zeros + "42"
+    assert header_length_from({"Inference-Header-Content-Length": value}) == 42
+    assert content_length_from({"Content-Length": value}) == 42
+    with pytest.raises(RemoteProtocolError, match="absurdly large") as info:
+        content_length_from({"Content-Length": "0" * zeros + "9" * 21})
+    assert info.value.status_hint == 413
+
+
 def test_larger_than_content_length() -> None:
     with pytest.raises(RemoteProtocolError, match=r"range \(0, 10\), got: 11"):
         header_length_from({"Inference-Header-Content-Length": "11"}, content_length=10)

@@ -80,7 +80,7 @@ def test_same_key_in_different_objects_is_fine() -> None:
             {"name": "a", "datatype": "UINT8", "shape": [1], "data": [1]},
             {"name": "b", "datatype": "UINT8", "shape": [1], "data": [2]},
         ],
-        "parameters": {"name": {"name": 1}},
+        "outputs": [{"name": "c", "parameters": {"name": {"name": 1}}}],
     }
     body, hl = make_body(header)
     decoded = binproto.decode_request(body, header_length=hl)
@@ -92,7 +92,9 @@ def test_same_key_in_different_objects_is_fine() -> None:
     [
         '"id":"urn:uuid:1","parameters":{"t":"12:00:00"}',  # colons inside strings
         '"id":"a\\":\\"b"',  # an escaped quote before a colon inside a string
-        '"parameters":{"p":{"q":1,"r":{"q":2}}}',  # objects the header format does not define
+        # objects the header format does not define (a requested output's
+        # parameters are taken as sent)
+        '"outputs":[{"name":"y","parameters":{"p":{"q":1,"r":{"q":2}}}}]',
     ],
 )
 def test_headers_without_a_repeated_key_are_accepted(extra: str) -> None:
@@ -175,6 +177,21 @@ def test_server_answers_400_never_500() -> None:
     assert 'duplicate key "inputs"' in messages[2]
     assert 'duplicate key "id"' in messages[3]
     assert responses[4].json()["id"] == "\U0001f600"
+
+
+@pytest.mark.parametrize(
+    ("tail", "nul"), [(b"\0\0", True), (b"\0x", True), (b"  x", False), (b"x\0", False)]
+)
+def test_bytes_after_the_json_are_refused_with_a_hint(tail: bytes, nul: bool) -> None:
+    """Text after the JSON points at the header length; a NUL byte there (the
+    padding some clients add, or a header length one too long into tensor
+    bytes that start with 0) also says that JSON does not take it as padding."""
+    header = b'{"inputs":[{"name":"x","datatype":"UINT8","shape":[1],"data":[1]}]}'
+    at = len(header) + tail.count(b" ")
+    with pytest.raises(RemoteProtocolError, match=f"Extra data; the JSON ends at byte {at}") as err:
+        binproto.decode_request(header + tail, header_length=None)
+    assert err.value.offset == at
+    assert ("a NUL byte after the JSON is no whitespace" in str(err.value)) == nul
 
 
 # -- orjson (the fast extra): the same results as the standard parser ---------------

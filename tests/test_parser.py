@@ -558,10 +558,13 @@ def test_plain_json_over_header_limit_fails_at_the_limit_in_every_chunking() -> 
 
 
 def test_json_depth_limit() -> None:
-    deep = b'{"inputs": [], "parameters": {"p": ' + b"[" * 200 + b"]" * 200 + b"}}"
+    # (a requested output's parameters are taken as sent, nested any way)
+    deep = b'{"inputs": [], "outputs": [{"name": "y", "parameters": {"p": '
+    deep += b"[" * 200 + b"]" * 200 + b"}}]}"
     with pytest.raises(RemoteProtocolError, match="deeper than the limit of 100"):
         binproto.decode_request(deep, header_length=None)
-    fine = b'{"inputs": [], "parameters": {"p": ' + b"[" * 90 + b"]" * 90 + b"}}"
+    fine = b'{"inputs": [], "outputs": [{"name": "y", "parameters": {"p": '
+    fine += b"[" * 90 + b"]" * 90 + b"}}]}"
     assert binproto.decode_request(fine, header_length=None).header.tensors == ()
     # Brackets inside strings do not count.
     text = b'{"inputs": [], "id": "' + b"[" * 500 + b'"}'
