@@ -100,6 +100,10 @@ CASES: list[Case] = [
     Case("header-length-whole-json-body", _json({"inputs": [_tensor(data=[1, 2])]}), {}),
     binary_case("header-length-whole-json-body-set", [_tensor(data=[1, 2])], b""),
     Case("binary-body-without-header-length", OK_BODY, {}),
+    Case("header-length-plus-sign", OK_BODY, {HL: f"+{len(OK_HEADER)}"}),
+    Case("header-length-leading-zeros", OK_BODY, {HL: "0" * 30 + str(len(OK_HEADER))}),
+    Case("header-length-then-text", OK_BODY, {HL: f"{len(OK_HEADER)}abc"}),
+    Case("header-length-a-float", OK_BODY, {HL: f"{len(OK_HEADER)}.0"}),
     # -- sizes -------------------------------------------------------------------------
     binary_case("binary-size-too-small", [_tensor(**_binary(4))], F2[:4]),
     binary_case("binary-size-too-large", [_tensor(**_binary(12))], F2 + F2[:4]),
@@ -254,6 +258,11 @@ CASES: list[Case] = [
     _coded("gzip-label-plain-body", "gzip", OK_BODY, len(OK_HEADER)),
     _coded("gzip-truncated", "gzip", gzip.compress(OK_BODY)[:-10], len(OK_HEADER)),
     _coded("deflate-raw-stream", "deflate", zlib.compress(OK_BODY)[2:-4], len(OK_HEADER)),
+    _coded("gzip-upper-case", "GZIP", gzip.compress(OK_BODY), len(OK_HEADER)),
+    _coded("x-gzip-coding", "x-gzip", gzip.compress(OK_BODY), len(OK_HEADER)),
+    _coded("gzip-then-identity-coding", "gzip, identity", gzip.compress(OK_BODY), len(OK_HEADER)),
+    _coded("empty-coding", "", OK_BODY, len(OK_HEADER)),
+    _coded("gzip-then-bytes", "gzip", gzip.compress(OK_BODY) + b"xx", len(OK_HEADER)),
     # -- UTF-8 and JSON text faults ------------------------------------------------------
     raw_header_case("id-invalid-utf8", b'{"id":"\xff","inputs":' + _json(FP32_OK) + b"}", F2),
     raw_header_case("id-overlong-utf8", b'{"id":"\xc0\xaf","inputs":' + _json(FP32_OK) + b"}", F2),
@@ -284,6 +293,41 @@ CASES: list[Case] = [
         FP32_OK,
         F2,
         top={"outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": "yes"}}]},
+    ),
+    binary_case(
+        "binary-data-output-null", FP32_OK, F2, top={"parameters": {"binary_data_output": None}}
+    ),
+    binary_case("request-parameter-null", FP32_OK, F2, top={"parameters": {"p": None}}),
+    binary_case("request-parameter-an-array", FP32_OK, F2, top={"parameters": {"p": [1]}}),
+    binary_case("request-parameter-an-object", FP32_OK, F2, top={"parameters": {"p": {"a": 1}}}),
+    binary_case("request-parameter-a-float", FP32_OK, F2, top={"parameters": {"p": 1.5}}),
+    binary_case("input-parameter-an-array", [_tensor(**_binary(8, p=[1]))], F2),
+    binary_case(
+        "requested-output-parameter-null",
+        FP32_OK,
+        F2,
+        top={"outputs": [{"name": "OUTPUT0", "parameters": {"p": None}}]},
+    ),
+    binary_case(
+        "requested-output-parameters-an-array",
+        FP32_OK,
+        F2,
+        top={"outputs": [{"name": "OUTPUT0", "parameters": []}]},
+    ),
+    # -- what follows the JSON, and JSON data of a tensor with no elements ----------------
+    Case("json-body-then-nul-bytes", _json({"inputs": [_tensor(data=[1, 2])]}) + b"\0\0", {}),
+    raw_header_case("header-padded-with-nul-bytes", OK_HEADER + b"\0\0", F2),
+    raw_header_case("header-padded-with-spaces", OK_HEADER + b"  ", F2),
+    json_case(
+        "data-count-not-shape-0", [_tensor(datatype="FP64", shape=[0], data=[-1])], model=F64
+    ),
+    json_case(
+        "data-not-a-list-shape-0", [_tensor(datatype="FP64", shape=[0], data=1.5)], model=F64
+    ),
+    json_case(
+        "fp16-json-input",
+        [_tensor(datatype="FP16", shape=[1], data=[1.0])],
+        model=model_name("FP16"),
     ),
 ]
 
@@ -325,10 +369,37 @@ DIFFERENCES: dict[str, str] = {
     "deflate-raw-stream": "Triton refuses; binproto accepts a raw deflate stream (no zlib"
     " wrapper) as Content-Encoding: deflate, as HTTP clients do",
     **dict.fromkeys(
+        ["gzip-upper-case", "x-gzip-coding", "gzip-then-identity-coding", "empty-coding"],
+        "Triton refuses (501) a Content-Encoding other than exactly gzip or deflate;"
+        " binproto reads codings as HTTP defines them (any case, x-gzip as gzip,"
+        " identity as none)",
+    ),
+    "gzip-then-bytes": "Triton accepts bytes after the gzip stream (and ignores them);"
+    " binproto refuses them",
+    **dict.fromkeys(
+        ["header-length-then-text", "header-length-a-float"],
+        "Triton accepts an Inference-Header-Content-Length that starts with digits (and"
+        " reads those); binproto refuses one that is not a decimal integer",
+    ),
+    **dict.fromkeys(
         ["id-invalid-utf8", "id-overlong-utf8", "id-encoded-surrogate"],
         "Triton accepts a JSON header that is not UTF-8 (and echoes the bytes raw);"
         " binproto refuses it at the first invalid byte",
     ),
     "utf8-bom": "Triton accepts (and skips) a UTF-8 byte-order mark before the JSON;"
     " binproto refuses it, as JSON forbids it",
+    "requested-output-parameters-an-array": "Triton accepts (and ignores) a requested"
+    " output's parameters that are not an object; binproto refuses them",
+    **dict.fromkeys(
+        ["json-body-then-nul-bytes", "header-padded-with-nul-bytes"],
+        "Triton accepts bytes after the JSON when a NUL byte comes first (it stops reading"
+        " there); binproto refuses them, as JSON allows only whitespace after the text",
+    ),
+    **dict.fromkeys(
+        ["data-count-not-shape-0", "data-not-a-list-shape-0"],
+        "Triton accepts any data for a tensor with no elements (it does not read it);"
+        " binproto refuses data that does not fit the shape",
+    ),
+    "fp16-json-input": "Triton refuses FP16 input as JSON data; binproto converts the JSON"
+    " numbers to FP16",
 }
