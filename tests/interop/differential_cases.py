@@ -308,6 +308,8 @@ CASES: list[Case] = [
         F2,
         top={"outputs": [{"name": "OUTPUT0", "parameters": {"p": None}}]},
     ),
+    json_case("input-parameters-an-array", [_tensor(data=[1, 2], parameters=[1])]),
+    binary_case("request-parameters-null", FP32_OK, F2, top={"parameters": None}),
     binary_case(
         "requested-output-parameters-an-array",
         FP32_OK,
@@ -388,8 +390,13 @@ DIFFERENCES: dict[str, str] = {
     ),
     "utf8-bom": "Triton accepts (and skips) a UTF-8 byte-order mark before the JSON;"
     " binproto refuses it, as JSON forbids it",
-    "requested-output-parameters-an-array": "Triton accepts (and ignores) a requested"
-    " output's parameters that are not an object; binproto refuses them",
+    **dict.fromkeys(
+        ["requested-output-parameters-an-array", "input-parameters-an-array"],
+        "Triton accepts (and ignores) the parameters of a requested output or of a JSON-data"
+        " input that are not an object; binproto refuses them",
+    ),
+    "request-parameters-null": "Triton answers 500 to a request whose parameters are null;"
+    " binproto takes them as absent",
     **dict.fromkeys(
         ["json-body-then-nul-bytes", "header-padded-with-nul-bytes"],
         "Triton accepts bytes after the JSON when a NUL byte comes first (it stops reading"
