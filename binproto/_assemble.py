@@ -123,7 +123,8 @@ class TensorAssembler:
         # Tensors begun and not complete, by index.
         self._open: dict[int, _Building] = {}
         # The caller's arrays taken so far, by tensor name: no two may overlap.
-        self._taken: list[tuple[str, np.ndarray[Any, Any]]] = []
+        # (A tuple: nothing is made for the assembler that takes none.)
+        self._taken: tuple[tuple[str, np.ndarray[Any, Any]], ...] = ()
         #: Tensor bytes copied from chunks into tensor memory.
         self.bytes_copied = 0
         #: Tensor bytes that arrived already in place (see :meth:`target`): not copied.
@@ -267,7 +268,7 @@ class TensorAssembler:
                 raise LocalProtocolError(
                     f"destination for '{info.name}' overlaps the destination of '{name}'"
                 )
-        self._taken.append((info.name, array))
+        self._taken += ((info.name, array),)
         return array
 
     def message(self) -> DecodedMessage:

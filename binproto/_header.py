@@ -29,11 +29,14 @@ _U64 = 2**64
 _PARAMETER_TYPES = frozenset((str, int, float, bool))
 
 
-def _json_type(value: object) -> str:
-    """The JSON name of a decoded value's type."""
-    if value is None:
-        return "null"
-    return "array" if isinstance(value, list) else "object"
+def _bad_parameter(params: dict[str, Any]) -> RemoteProtocolError:
+    """The error for the first of a request's parameters that is no scalar."""
+    key, value = next((k, v) for k, v in params.items() if type(v) not in _PARAMETER_TYPES)
+    kind = "null" if value is None else "array" if isinstance(value, list) else "object"
+    return _fail(
+        f"parameter '{key}' has invalid type {kind}: the request's parameters are strings,"
+        " numbers or booleans"
+    )
 
 
 class RequestedOutput(NamedTuple):
@@ -376,12 +379,9 @@ def build_header(
         # A request's own parameters reach the model as they are: values the
         # protocol does not allow are refused, as Triton does (a tensor's and
         # a requested output's are taken as sent, as there).
-        for key, value in params.items():
+        for value in params.values():
             if type(value) not in _PARAMETER_TYPES:
-                raise _fail(
-                    f"parameter '{key}' has invalid type {_json_type(value)}: the"
-                    " request's parameters are strings, numbers or booleans"
-                )
+                raise _bad_parameter(params)
     keys = len(obj) + len(params)
     seen: set[str] = set()
     infos = []
