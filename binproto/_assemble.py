@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Mapping
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -41,6 +43,7 @@ class DecodedMessage(NamedTuple):
 
 
 _OBJECT = DTYPES["BYTES"]
+_LOW = itemgetter(0)  # a taken range's first address
 _BYTE = np.dtype(np.uint8)
 
 
@@ -122,9 +125,10 @@ class TensorAssembler:
         self.shared_memory: list[str] = []
         # Tensors begun and not complete, by index.
         self._open: dict[int, _Building] = {}
-        # The caller's arrays taken so far, by tensor name: no two may overlap.
-        # (A tuple: nothing is made for the assembler that takes none.)
-        self._taken: tuple[tuple[str, np.ndarray[Any, Any]], ...] = ()
+        # The byte ranges of the caller's arrays taken so far, with their
+        # tensors' names, sorted by address: no two may overlap. (Made with the
+        # first: nothing is made for an assembler that takes none.)
+        self._taken: list[tuple[int, int, str]] | None = None
         #: Tensor bytes copied from chunks into tensor memory.
         self.bytes_copied = 0
         #: Tensor bytes that arrived already in place (see :meth:`target`): not copied.
@@ -261,15 +265,27 @@ class TensorAssembler:
                 f"destination for '{info.name}' holds {array.nbytes} bytes,"
                 f" the tensor has {info.binary_size}"
             )
-        # Two tensors in one memory would overwrite each other, silently. (For
-        # contiguous arrays, sharing bounds is sharing bytes: numpy's quick test.)
-        for name, taken in self._taken:
-            if np.may_share_memory(array, taken):
-                raise LocalProtocolError(
-                    f"destination for '{info.name}' overlaps the destination of '{name}'"
-                )
-        self._taken += ((info.name, array),)
+        if array.nbytes:  # (an empty array holds no byte another could)
+            low: int = array.ctypes.data
+            self._take(info.name, low, low + array.nbytes)
         return array
+
+    def _take(self, name: str, low: int, high: int) -> None:
+        """Note that tensor ``name`` goes to bytes ``[low, high)``, refusing them
+        if another destination of the message covers any: two tensors in one
+        memory would overwrite each other, silently. (The ranges are kept in
+        address order, so each check looks at two neighbours: a peer that sends
+        thousands of tensors does not make it quadratic.)"""
+        taken = self._taken
+        if taken is None:
+            taken = self._taken = []
+        i = bisect.bisect_left(taken, low, key=_LOW)
+        for other in taken[max(i - 1, 0) : i + 1]:
+            if other[0] < high and low < other[1]:
+                raise LocalProtocolError(
+                    f"destination for '{name}' overlaps the destination of '{other[2]}'"
+                )
+        taken.insert(i, (low, high, name))
 
     def message(self) -> DecodedMessage:
         """The message assembled so far: its header and the complete tensors.

@@ -132,6 +132,39 @@ def test_overlapping_destinations_are_a_local_error(overlap: bool) -> None:
             np.testing.assert_array_equal(b.view(bool), expected["b"])
 
 
+@pytest.mark.parametrize("stray", [None, 300, 999])
+def test_many_destinations_side_by_side_and_one_astray(stray: int | None) -> None:
+    """A thousand tensors into one buffer, each beside the last (in shuffled
+    order of address): accepted; one of them moved half over another's bytes:
+    refused, naming the tensor it overlaps."""
+    count = 1000
+    header = {"outputs": [
+        {"name": f"t{k}", "shape": [1], "datatype": "FP32", "parameters": {"binary_data_size": 4}}
+        for k in range(count)
+    ]}  # fmt: skip
+    values = np.arange(count, dtype="<f4")
+    body, hl = make_body(header, values.tobytes())
+    memory = np.zeros(count + 1, dtype="<f4")
+    slots = np.random.default_rng(5).permutation(count)  # where each tensor goes
+
+    def place(info: binproto.TensorInfo) -> np.ndarray[Any, Any]:
+        if info.index == stray:
+            # Two bytes into the slot of tensor 0 (last: so the others are taken).
+            start = int(slots[0]) * 4 + 2
+            return memory.view(np.uint8)[start : start + 4].view("<f4")
+        return memory[slots[info.index] : slots[info.index] + 1]
+
+    asm = TensorAssembler(place)
+    if stray is None:
+        _assemble(body, hl, [body], asm)
+        np.testing.assert_array_equal(memory[slots], values)
+    else:
+        with pytest.raises(
+            LocalProtocolError, match=f"'t{stray}' overlaps the destination of 't0'"
+        ):
+            _assemble(body, hl, [body], asm)
+
+
 @pytest.mark.parametrize("bad", [[1, 2], "f", 3])
 def test_destinations_of_another_kind_are_a_local_error(bad: Any) -> None:
     with pytest.raises(LocalProtocolError, match="destinations must be a mapping"):
