@@ -228,8 +228,12 @@ def _header_length(fields: HeaderFields, content_length: int | None) -> int | No
     digits = text[1:] if text[:1] in "+-" else text
     if not digits.isascii() or not digits.isdigit():
         raise RemoteProtocolError(f"Unable to parse {HEADER_LENGTH_NAME}, got: {text}")
-    # (leading zeros are no size: 20 digits of value at most are parsed)
-    value = int(text) if len(digits.lstrip("0")) <= 20 else _ABSURD
+    # Only the digits after leading zeros are a size (and only those are parsed:
+    # int() refuses a string of over 4,300 digits, zeros included).
+    significant = digits.lstrip("0")
+    value = int(significant or "0") if len(significant) <= 20 else _ABSURD
+    if text[:1] == "-" and value < _ABSURD:
+        value = -value
     if value >= _ABSURD:
         raise RemoteProtocolError(
             f"{HEADER_LENGTH_NAME} is absurdly large, got: {text}", status_hint=413
@@ -332,7 +336,8 @@ def _content_length(fields: HeaderFields) -> int | None:
         return None
     if not text.isascii() or not text.isdigit():
         raise RemoteProtocolError(f"invalid Content-Length: {text!r}")
-    value = int(text) if len(text.lstrip("0")) <= 20 else _ABSURD
+    significant = text.lstrip("0")  # (as for the header length)
+    value = int(significant or "0") if len(significant) <= 20 else _ABSURD
     if value >= _ABSURD:
         raise RemoteProtocolError(f"Content-Length is absurdly large, got: {text}", status_hint=413)
     return value

@@ -198,7 +198,7 @@ def _length_hint(
     if extra:
         hint = f"; the JSON ends at byte {offset} but the header is {size} bytes: {_CHECK}"
         if nul:  # (or a header length one too long, into tensor bytes that start with 0)
-            hint += " (a NUL byte after the JSON is no whitespace: pad a header with spaces)"
+            hint += " (a NUL byte after the JSON is no whitespace: pad with spaces)"
         return hint
     if binary:
         return (
