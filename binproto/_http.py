@@ -231,9 +231,10 @@ def _header_length(fields: HeaderFields, content_length: int | None) -> int | No
     # Only the digits after leading zeros are a size (and only those are parsed:
     # int() refuses a string of over 4,300 digits, zeros included).
     significant = digits.lstrip("0")
-    value = int(significant or "0") if len(significant) <= 20 else _ABSURD
-    if text[:1] == "-" and value < _ABSURD:
-        value = -value
+    if text[:1] == "-" and significant:
+        value = -1  # out of range below, whatever its size
+    else:
+        value = int(significant or "0") if len(significant) <= 20 else _ABSURD
     if value >= _ABSURD:
         raise RemoteProtocolError(
             f"{HEADER_LENGTH_NAME} is absurdly large, got: {text}", status_hint=413

@@ -53,6 +53,8 @@ def test_absent_header_means_plain_json() -> None:
         ("4.5", "Unable to parse", 400),
         ("", "Unable to parse", 400),
         ("-3", "should be in range", 400),
+        (str(-(2**53)), "should be in range", 400),  # negative: out of range, whatever its size
+        ("-" + "9" * 25, "should be in range", 400),
         ("1e3", "Unable to parse", 400),
         ("٣", "Unable to parse", 400),  # a non-ASCII digit
         ("99999999999999999999999", "absurdly large", 413),
