@@ -58,7 +58,7 @@ def _asyncio_server(zero_copy: bool, app: V2Server | None = None) -> Iterator[in
 
 
 @contextlib.contextmanager
-def _trio_server() -> Iterator[int]:
+def _trio_server(zero_copy: bool = True, app: V2Server | None = None) -> Iterator[int]:
     import trio
 
     from binproto.adapters import trio as adapter
@@ -66,9 +66,12 @@ def _trio_server() -> Iterator[int]:
     started = threading.Event()
     box: dict[str, Any] = {}
 
+    async def serve(task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        await adapter.serve(app, zero_copy=zero_copy, task_status=task_status)
+
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            box["port"] = await nursery.start(adapter.serve)
+            box["port"] = await nursery.start(serve)
             box["cancel"] = nursery.cancel_scope.cancel
             box["token"] = trio.lowlevel.current_trio_token()
             started.set()
@@ -129,7 +132,15 @@ def identity_app(model_names: Iterable[str]) -> V2Server:
 
 
 @contextlib.contextmanager
-def running_identity_server(model_names: Iterable[str]) -> Iterator[int]:
-    """Serve :func:`identity_app` with asyncio; yields the port on 127.0.0.1."""
-    with _asyncio_server(zero_copy=True, app=identity_app(model_names)) as port:
+def running_identity_server(model_names: Iterable[str], backend: str = "asyncio") -> Iterator[int]:
+    """Serve :func:`identity_app` with ``backend`` (one of :data:`BACKENDS`, or
+    ``trio-streams``: trio without in-place receive); yields the port on
+    127.0.0.1."""
+    app = identity_app(model_names)
+    server = (
+        _trio_server(zero_copy=backend == "trio", app=app)
+        if backend.startswith("trio")
+        else _asyncio_server(zero_copy=backend == "asyncio", app=app)
+    )
+    with server as port:
         yield port
