@@ -38,7 +38,7 @@ from . import _json
 from ._bytes import join_plain
 from ._datatypes import DATATYPES, DataType, datatype_for_dtype
 from ._errors import LocalProtocolError, RemoteProtocolError
-from ._header import MAX_DIMS, InferenceHeader, RequestedOutput
+from ._header import MAX_DIMS, PARAMETER_TYPES, InferenceHeader, RequestedOutput
 from ._http import message_headers, raw_message_headers
 from ._json import json_data_to_array
 from ._util import as_byte_view, check_bool
@@ -169,7 +169,7 @@ def check_parameters(params: Any, where: str) -> dict[str, Any]:
     for key, value in checked.items():
         if not isinstance(key, str):
             raise _fail(f"parameter names of {where} must be strings, got {key!r}")
-        if type(value) not in (str, int, float, bool):
+        if type(value) not in PARAMETER_TYPES:
             raise _fail(
                 f"parameter '{key}' of {where} must be a string, number or bool,"
                 f" got {type(value).__name__}"

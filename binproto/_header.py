@@ -14,6 +14,7 @@ from ._json import json_data_to_array
 from ._limits import Limits
 
 __all__ = [
+    "PARAMETER_TYPES",
     "InferenceHeader",
     "Kind",
     "RequestedOutput",
@@ -25,13 +26,15 @@ Kind = Literal["request", "response"]
 
 _U64 = 2**64
 
-# What JSON gives for the values a parameter may have (str | number | bool).
-_PARAMETER_TYPES = frozenset((str, int, float, bool))
+#: The types a parameter's value may have (the protocol's ``str | number |
+#: bool``, as JSON decodes them): what a request's parameters are held to, and
+#: what the encoder sends.
+PARAMETER_TYPES = frozenset((str, int, float, bool))
 
 
 def _bad_parameter(params: dict[str, Any]) -> RemoteProtocolError:
     """The error for the first of a request's parameters that is no scalar."""
-    key, value = next((k, v) for k, v in params.items() if type(v) not in _PARAMETER_TYPES)
+    key, value = next((k, v) for k, v in params.items() if type(v) not in PARAMETER_TYPES)
     kind = "null" if value is None else "array" if isinstance(value, list) else "object"
     return _fail(
         f"parameter '{key}' has invalid type {kind}: the request's parameters are strings,"
@@ -380,7 +383,7 @@ def build_header(
         # protocol does not allow are refused, as Triton does (a tensor's and
         # a requested output's are taken as sent, as there).
         for value in params.values():
-            if type(value) not in _PARAMETER_TYPES:
+            if type(value) not in PARAMETER_TYPES:
                 raise _bad_parameter(params)
     keys = len(obj) + len(params)
     seen: set[str] = set()

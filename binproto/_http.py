@@ -74,7 +74,7 @@ class KeptOnSecondSight(Generic[_K, _V]):
     def seen_before(self, key: _K, capacity: int) -> bool:
         """Note ``key``; True when it was noted before, and its value may be
         kept (:meth:`keep`) if it qualifies."""
-        noted = hash(key)  # (computed already by the lookup that missed)
+        noted = hash(key)  # (a bytes key's: cached by the lookup that missed)
         seen = self.seen
         if noted in seen:
             return True
@@ -221,6 +221,14 @@ def header_length_from(headers: Headers, *, content_length: int | None = None) -
     return _header_length(_fields(headers), content_length)
 
 
+def _size(digits: str) -> int:
+    """The value of ASCII decimal ``digits``, :data:`_ABSURD` past 20 of them.
+    Leading zeros are no size, and are not parsed (``int()`` refuses a string of
+    over 4,300 digits, zeros included)."""
+    significant = digits.lstrip("0")
+    return int(significant or "0") if len(significant) <= 20 else _ABSURD
+
+
 def _header_length(fields: HeaderFields, content_length: int | None) -> int | None:
     text = fields._value("inference-header-content-length", HEADER_LENGTH_NAME)
     if text is None:
@@ -228,13 +236,9 @@ def _header_length(fields: HeaderFields, content_length: int | None) -> int | No
     digits = text[1:] if text[:1] in "+-" else text
     if not digits.isascii() or not digits.isdigit():
         raise RemoteProtocolError(f"Unable to parse {HEADER_LENGTH_NAME}, got: {text}")
-    # Only the digits after leading zeros are a size (and only those are parsed:
-    # int() refuses a string of over 4,300 digits, zeros included).
-    significant = digits.lstrip("0")
-    if text[:1] == "-" and significant:
+    value = _size(digits)
+    if text[:1] == "-" and value:
         value = -1  # out of range below, whatever its size
-    else:
-        value = int(significant or "0") if len(significant) <= 20 else _ABSURD
     if value >= _ABSURD:
         raise RemoteProtocolError(
             f"{HEADER_LENGTH_NAME} is absurdly large, got: {text}", status_hint=413
@@ -337,8 +341,7 @@ def _content_length(fields: HeaderFields) -> int | None:
         return None
     if not text.isascii() or not text.isdigit():
         raise RemoteProtocolError(f"invalid Content-Length: {text!r}")
-    significant = text.lstrip("0")  # (as for the header length)
-    value = int(significant or "0") if len(significant) <= 20 else _ABSURD
+    value = _size(text)
     if value >= _ABSURD:
         raise RemoteProtocolError(f"Content-Length is absurdly large, got: {text}", status_hint=413)
     return value
