@@ -92,6 +92,7 @@ from .h11 import (
 )
 
 __all__ = [
+    "BodyBudget",
     "BodyReader",
     "ByteStream",
     "Capabilities",
@@ -338,6 +339,55 @@ class Timeouts:
         return cls(seconds, seconds, seconds, seconds)
 
 
+class BodyBudget:
+    """The request body bytes a server's connections may hold at once.
+
+    Each inference request claims the bytes its body will take before they
+    are read: its ``Content-Length`` when its head arrives; then what its
+    JSON header announces (a compressed or chunked body's tensors), once that
+    is parsed; and a chunked body's bytes as they come. A claim that would
+    take the total past ``most`` while other requests hold bytes is refused
+    with a 503 (an :class:`InferenceError`: the body that came is read and
+    dropped, within the bounds of any refusal, so the client sees the answer);
+    one request alone is always admitted, bounded by its own
+    :class:`~binproto.Limits`. A request's claim is given back when its
+    response has been sent, or it failed. Not thread-safe: one per event loop.
+    """
+
+    __slots__ = ("held", "most")
+
+    def __init__(self, most: int) -> None:
+        if type(most) is not int or most < 0:
+            raise LocalProtocolError(
+                f"max_body_bytes_in_flight must be None or an int >= 0, got {most!r}"
+            )
+        self.most = most
+        #: The bytes claimed by the requests in flight.
+        self.held = 0
+
+    def claim(self, reader: BodyReader, size: int) -> None:
+        """Raise the claim of ``reader``'s request to ``size`` bytes (never
+        lowers it), or refuse it with a 503."""
+        extra = size - reader.claimed
+        if extra <= 0:
+            return
+        others = self.held - reader.claimed
+        if others and self.held + extra > self.most:
+            reader.refused = True
+            raise InferenceError(
+                f"the server is busy: requests in flight hold {others} body bytes, and this"
+                f" one's {size} would pass the {self.most} it takes at once; retry later",
+                503,
+            )
+        self.held += extra
+        reader.claimed = size
+
+    def release(self, reader: BodyReader) -> None:
+        """Give back what ``reader``'s request claimed."""
+        self.held -= reader.claimed
+        reader.claimed = 0
+
+
 def _release(*faults: BaseException | None) -> None:
     """Drop the frames each fault, and every exception chained to it, holds.
 
@@ -458,6 +508,13 @@ class BodyReader:
         self._read_size = offers.read_size
         self.done = False  #: the whole body has been read
         self.failed: RemoteProtocolError | None = None  #: the fault that ended reading
+        #: The server's :class:`BodyBudget` this body counts against, or None.
+        self.budget: BodyBudget | None = None
+        #: The bytes this body holds of the budget (see :meth:`BodyBudget.claim`).
+        self.claimed = 0
+        #: The budget refused this body: the rest is read only to be dropped.
+        self.refused = False
+        self._through_h11 = 0  # bytes of a chunked body read so far
 
     @property
     def in_place(self) -> bool:
@@ -523,6 +580,10 @@ class BodyReader:
             if type(event) is h11.Data:
                 if self._remaining is not None:
                     self._remaining -= len(event.data)
+                if self.budget is not None and not self.refused:
+                    # A chunked body claims its bytes as they come.
+                    self._through_h11 += len(event.data)
+                    self.budget.claim(self, self._through_h11)
                 return event.data
             if type(event) is h11.EndOfMessage:
                 self.done = True
@@ -1243,6 +1304,13 @@ class V2Server:
         remembered_heads: how many request heads to remember, so that h11
             reads a head that comes again only once (see
             :class:`KnownHeads`); 0 has h11 read every head.
+        max_body_bytes_in_flight: the inference request body bytes all
+            connections may hold at once (a :class:`BodyBudget`); None (the
+            default) sets no bound beyond each request's own ``limits``. A
+            request whose claim would pass it while others are in flight is
+            answered 503 with ``Retry-After: 1`` before its body is read (a
+            client waiting on ``Expect: 100-continue`` never sends it); one
+            request alone is always admitted.
     """
 
     models: Sequence[Model] = field(default_factory=lambda: [echo_model()])
@@ -1253,8 +1321,11 @@ class V2Server:
     compression_level: int = 1
     timeouts: Timeouts = Timeouts()
     remembered_heads: int = REMEMBERED_HEADS
+    max_body_bytes_in_flight: int | None = None
 
     def __post_init__(self) -> None:
+        most = self.max_body_bytes_in_flight
+        self._budget = BodyBudget(most) if most is not None else None
         self._models = {m.name: m for m in self.models}
         heads = self.remembered_heads
         if type(heads) is not int or heads < 0:
@@ -1265,6 +1336,12 @@ class V2Server:
             raise LocalProtocolError(f"compression_level must be 0..9, got {level!r}")
         if not isinstance(self.timeouts, Timeouts):
             raise LocalProtocolError(f"timeouts must be a Timeouts, got {self.timeouts!r}")
+
+    @property
+    def body_bytes_in_flight(self) -> int:
+        """The body bytes the requests in flight have claimed of
+        ``max_body_bytes_in_flight`` (0 when it is None: nothing is counted)."""
+        return self._budget.held if self._budget is not None else 0
 
     def add_model(self, model: Model) -> None:
         """Serve one more model."""
@@ -1490,8 +1567,13 @@ class V2Server:
             failure = _internal_error(exc, target)
             _release(exc, reader.failed)
             return _carry(await self._error(stream, framer, failure, reader, timeouts), reader)
-        await stream.send_all([p for p in pieces if p])
-        return _carry(framer.reusable, reader)
+        else:
+            await stream.send_all([p for p in pieces if p])
+            return _carry(framer.reusable, reader)
+        finally:
+            # The request's claim on the budget ends with its answer (or its failure).
+            if reader.budget is not None:
+                reader.budget.release(reader)
 
     def _response_encoding(self, req: h11.Request) -> str | None:
         """The coding for an inference response to ``req``, or None."""
@@ -1562,8 +1644,15 @@ class V2Server:
                     f" '{model.name}' declares {len(model.inputs)} inputs"
                 )
             claims.check_raw_length(raw_input)
+        budget = self._budget
+        if budget is not None:  # (a known model: a request for none takes no memory)
+            reader.budget = budget
+            if reader.remaining is not None:
+                budget.claim(reader, reader.remaining)
         body = MessageBody("request", claims, reader, limits=self.limits, raw_input=raw_input)
         header = await body.read_header()
+        if budget is not None:  # what the header announces, before those bytes are read
+            budget.claim(reader, header.header_length + header.binary_size)
         shared = [t.name for t in header.tensors if t.shared_memory]
         if shared:
             raise InferenceError(f"shared memory is not supported here (inputs {shared})")

@@ -501,8 +501,8 @@ def error_response(
 ) -> tuple[h11.Response, bytes]:
     """A V2 error response: the head and the ``{"error": "..."}`` body.
 
-    The status is ``status``, else the error's ``status_hint``, else 400.
-    The message quotes at most 1 KiB of what the peer sent (see
+    The status is ``status``, else the error's ``status_hint``, else 400;
+    a 503 says ``Retry-After: 1``. The message quotes at most 1 KiB of what the peer sent (see
     :func:`binproto._http.error_text`).
     """
     if isinstance(error, ProtocolError):
@@ -510,11 +510,10 @@ def error_response(
     else:
         code = status if status is not None else 400
     payload = json.dumps({"error": error_text(error)}).encode()
-    head = h11.Response(
-        status_code=code,
-        headers=[("Content-Type", "application/json"), ("Content-Length", str(len(payload)))],
-    )
-    return head, payload
+    headers = [("Content-Type", "application/json"), ("Content-Length", str(len(payload)))]
+    if code == 503:  # busy, not broken: say when to come back
+        headers.append(("Retry-After", "1"))
+    return h11.Response(status_code=code, headers=headers), payload
 
 
 def json_response(payload: Any, status: int = 200) -> tuple[h11.Response, bytes]:

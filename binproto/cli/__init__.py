@@ -33,7 +33,11 @@ def _serve(args: argparse.Namespace) -> int:
         body=args.body_timeout or None,
         write=args.write_timeout or None,
     )
-    server = V2Server(compress_responses=not args.no_compress, timeouts=timeouts)
+    server = V2Server(
+        compress_responses=not args.no_compress,
+        timeouts=timeouts,
+        max_body_bytes_in_flight=args.max_body_bytes_in_flight,
+    )
 
     if args.backend == "trio":
         from binproto.adapters import missing_extra
@@ -121,7 +125,26 @@ def add_serve(subparsers: Any) -> None:
             metavar="SECONDS",
             help=f"{what}; default {default:g}, 0 for no bound",
         )
+    p.add_argument(
+        "--max-body-bytes-in-flight",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="request body bytes all connections may hold at once (e.g. 4GiB); a request"
+        " that would pass it while others are in flight is answered 503 with"
+        " Retry-After: 1, one alone is always taken; default no bound",
+    )
     p.set_defaults(func=_serve)
+
+
+def _size(text: str) -> int:
+    """A size flag's value: bytes, as ``binproto demo`` reads sizes (``4GiB``, ``4096``)."""
+    from ._demo import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _seconds(text: str) -> float:
