@@ -343,15 +343,17 @@ class BodyBudget:
     """The request body bytes a server's connections may hold at once.
 
     Each inference request claims the bytes its body will take before they
-    are read: its ``Content-Length`` when its head arrives; then what its
-    JSON header announces (a compressed or chunked body's tensors), once that
-    is parsed; and a chunked body's bytes as they come. A claim that would
-    take the total past ``most`` while other requests hold bytes is refused
-    with a 503 (an :class:`InferenceError`: the body that came is read and
-    dropped, within the bounds of any refusal, so the client sees the answer);
-    one request alone is always admitted, bounded by its own
-    :class:`~binproto.Limits`. A request's claim is given back when its
-    response has been sent, or it failed. Not thread-safe: one per event loop.
+    are read: its ``Content-Length`` (or its JSON header's length, when more)
+    when its head arrives; then what its JSON header announces (a compressed
+    or chunked body's tensors), once that is parsed; and a chunked body's
+    bytes as they come. A claim that would take the total past ``most`` while
+    other requests hold bytes is refused with a 503 (an
+    :class:`InferenceError`, answered as any refusal: after the rest of the
+    body is read and dropped, so the client sees it). One request alone is
+    always admitted, bounded by its own :class:`~binproto.Limits`. A
+    request's claim is given back when its response has been sent, or when
+    it fails (before the rest of its body is dropped). Not thread-safe: one
+    per event loop.
     """
 
     __slots__ = ("held", "most")
@@ -373,7 +375,6 @@ class BodyBudget:
             return
         others = self.held - reader.claimed
         if others and self.held + extra > self.most:
-            reader.refused = True
             raise InferenceError(
                 f"the server is busy: requests in flight hold {others} body bytes, and this"
                 f" one's {size} would pass the {self.most} it takes at once; retry later",
@@ -463,6 +464,13 @@ class BodyReader:
     caller's memory. A chunked body goes through h11.
     """
 
+    # (Class defaults: a server with no budget sets none of these per request.)
+    #: The server's :class:`BodyBudget` this body counts against, or None.
+    budget: BodyBudget | None = None
+    #: The bytes this body holds of the budget (see :meth:`BodyBudget.claim`).
+    claimed = 0
+    _through_h11 = 0  # bytes of a chunked body read so far
+
     def __init__(
         self,
         stream: ByteStream,
@@ -508,13 +516,6 @@ class BodyReader:
         self._read_size = offers.read_size
         self.done = False  #: the whole body has been read
         self.failed: RemoteProtocolError | None = None  #: the fault that ended reading
-        #: The server's :class:`BodyBudget` this body counts against, or None.
-        self.budget: BodyBudget | None = None
-        #: The bytes this body holds of the budget (see :meth:`BodyBudget.claim`).
-        self.claimed = 0
-        #: The budget refused this body: the rest is read only to be dropped.
-        self.refused = False
-        self._through_h11 = 0  # bytes of a chunked body read so far
 
     @property
     def in_place(self) -> bool:
@@ -580,8 +581,7 @@ class BodyReader:
             if type(event) is h11.Data:
                 if self._remaining is not None:
                     self._remaining -= len(event.data)
-                if self.budget is not None and not self.refused:
-                    # A chunked body claims its bytes as they come.
+                if self.budget is not None:  # a chunked body claims its bytes as they come
                     self._through_h11 += len(event.data)
                     self.budget.claim(self, self._through_h11)
                 return event.data
@@ -1308,9 +1308,10 @@ class V2Server:
             connections may hold at once (a :class:`BodyBudget`); None (the
             default) sets no bound beyond each request's own ``limits``. A
             request whose claim would pass it while others are in flight is
-            answered 503 with ``Retry-After: 1`` before its body is read (a
-            client waiting on ``Expect: 100-continue`` never sends it); one
-            request alone is always admitted.
+            refused before its body is read, answered 503 with
+            ``Retry-After: 1`` once what it sends is dropped (a client waiting
+            on ``Expect: 100-continue`` never sends it); one request alone is
+            always admitted.
     """
 
     models: Sequence[Model] = field(default_factory=lambda: [echo_model()])
@@ -1647,8 +1648,10 @@ class V2Server:
         budget = self._budget
         if budget is not None:  # (a known model: a request for none takes no memory)
             reader.budget = budget
+            # Its Content-Length, or the JSON header a compressed body inflates
+            # to before it is parsed, when that is more.
             if reader.remaining is not None:
-                budget.claim(reader, reader.remaining)
+                budget.claim(reader, max(reader.remaining, claims.header_length or 0))
         body = MessageBody("request", claims, reader, limits=self.limits, raw_input=raw_input)
         header = await body.read_header()
         if budget is not None:  # what the header announces, before those bytes are read
@@ -1730,6 +1733,11 @@ class V2Server:
         reader: BodyReader,
         timeouts: Timeouts,
     ) -> bool:
+        if reader.budget is not None:
+            # A failed request holds no body: what is read now is dropped, and
+            # not counted (a claim refused here would stop the answer).
+            reader.budget.release(reader)
+            reader.budget = None
         if framer.our_state is not h11.SEND_RESPONSE:
             return False  # the response had begun: all we can do is close
         if isinstance(exc, InferenceError):

@@ -1,8 +1,9 @@
 """The server-wide bound on request body bytes in flight
 (``V2Server(max_body_bytes_in_flight=...)``): a request that would pass it
-while others hold bytes is answered 503 before its body is read; one alone
-is always taken; every claim is given back when its request ends, however it
-ends. On both backends (asyncio, zero-copy and streams; trio) over loopback."""
+while others hold bytes is refused before its body is read (answered 503
+once what it sends is dropped); one alone is always taken; every claim is
+given back when its request ends, however it ends. On both backends
+(asyncio, zero-copy and streams; trio) over loopback."""
 
 from __future__ import annotations
 
@@ -162,6 +163,40 @@ def test_a_failed_request_gives_its_claim_back(running: Running, app: V2Server, 
             answer = read_all(sock)  # (stalled: the 2 s body timeout's 408)
             assert status_of(answer) == (400 if how == "bad-body" else 408), answer[:300]
     wait_for(lambda: app.body_bytes_in_flight == 0, "the release")
+
+
+def test_a_chunked_body_refused_for_its_header_is_answered_beside_another(
+    running: Running, app: V2Server
+) -> None:
+    # Its rest, read to be dropped after the 400, is no longer counted: a
+    # claim refused there would leave the client with no answer.
+    holder = Holder(running, app)
+    head = b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n"
+    head += b"Inference-Header-Content-Length: 10\r\n"
+    with connect(running.port) as sock:
+        sock.sendall(_chunked(head, b"not json!!" + bytes(500 * KiB), piece=10))
+        answer = response(sock)
+    assert status_of(answer) == 400, answer[:300]
+    assert b"JSON" in answer
+    assert status_of(holder.finish()) == 200
+    wait_for(lambda: app.body_bytes_in_flight == 0, "the release")
+
+
+def test_a_gzip_body_claims_its_json_header_at_its_head(running: Running, app: V2Server) -> None:
+    holder = Holder(running, app)
+    header = json.dumps({"inputs": [], "pad": "x" * 600_000}).encode()
+    packed = gzip.compress(header)
+    head = (
+        "POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+        f"Inference-Header-Content-Length: {len(header)}\r\n"
+        f"Content-Length: {len(packed)}\r\nExpect: 100-continue\r\n\r\n"
+    ).encode()
+    with connect(running.port) as sock:
+        sock.sendall(head)  # the body is not inflated, nor even sent
+        answer = read_all(sock)
+    assert answer.startswith(b"HTTP/1.1 503 "), answer[:300]
+    assert f"this one's {len(header)} would pass".encode() in answer
+    assert status_of(holder.finish()) == 200
 
 
 def _chunked(head: bytes, body: bytes, piece: int = 64 * KiB) -> bytes:
