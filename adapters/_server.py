@@ -96,6 +96,7 @@ __all__ = [
     "BodyReader",
     "ByteStream",
     "Capabilities",
+    "HalfCloses",
     "InferRequest",
     "InferenceError",
     "MessageBody",
@@ -123,6 +124,10 @@ CHUNK = 1 << 16
 MAX_HEAD = 64 * 1024
 #: Most body bytes read and dropped after an error, so the client sees the answer.
 DISCARD_LIMIT = 256 * 1024 * 1024
+#: Seconds a connection closed after an answer to a body still coming is kept
+#: half-open, its bytes read and dropped, so that the close does not reset it
+#: before the peer has read the answer (see :meth:`V2Server._linger`).
+LINGER = 5.0
 #: Decompressed tensor bytes handed out between two chances for other tasks to run.
 YIELD_BYTES = 1 << 20
 #: A body of at most this many bytes that has all arrived with its head is
@@ -151,7 +156,9 @@ class ByteStream(Protocol):
     bytes), :class:`ReadsAhead` (larger reads of a body), :class:`ProbesIdle`
     (the client checks that the server has not closed an idle
     connection before reusing it) and
-    :class:`Recycles` (memory a small body came in is received into again).
+    :class:`Recycles` (memory a small body came in is received into again)
+    and :class:`HalfCloses` (a refused body is drained after the answer
+    before the connection closes).
 
     A stream has a settable ``timeout``: the seconds one wait for the peer
     may take, to receive its bytes or to have ours taken (None: no bound).
@@ -225,6 +232,14 @@ class ProbesIdle(Protocol):
         """True when bytes (or the end of the stream) are waiting to be read."""
 
 
+@runtime_checkable
+class HalfCloses(Protocol):
+    """A :class:`ByteStream` that can end its sending side and still receive."""
+
+    async def send_eof(self) -> None:
+        """Send the end of the stream (a TCP FIN); receiving goes on."""
+
+
 class Capabilities(NamedTuple):
     """Which of the optional protocols a stream's class implements."""
 
@@ -234,6 +249,7 @@ class Capabilities(NamedTuple):
     read_size: int
     probes_idle: bool = False
     recycles: bool = False
+    half_closes: bool = False
 
 
 _CAPABILITIES: dict[type, Capabilities] = {}
@@ -252,6 +268,7 @@ def capabilities(stream: ByteStream) -> Capabilities:
             stream.read_size if isinstance(stream, ReadsAhead) else CHUNK,
             isinstance(stream, ProbesIdle),
             isinstance(stream, Recycles),
+            isinstance(stream, HalfCloses),
         )
     return found
 
@@ -1761,7 +1778,27 @@ class V2Server:
             framer.send(h11.EndOfMessage()),
         ]
         await stream.send_all([b for b in out if b])
+        if close and reader.failed is None and not reader.done and not reader.awaits_continue:
+            await self._linger(stream)
         return not close and framer.reusable
+
+    async def _linger(self, stream: ByteStream) -> None:
+        """After an answer that closes a connection whose peer is still sending
+        its body: end our side, then read and drop what comes until the peer
+        closes, for at most :data:`LINGER` seconds. Closed at once, the
+        connection would be reset under the peer's sending, and a peer that
+        reads only once it has sent everything would lose the answer."""
+        if not capabilities(stream).half_closes:
+            return
+        deadline = time.monotonic() + LINGER
+        try:
+            await cast(HalfCloses, stream).send_eof()
+            while (left := deadline - time.monotonic()) > 0:
+                stream.timeout = left
+                if not len(await stream.receive_some(CHUNK)):
+                    return
+        except (TimeoutError, OSError):
+            return
 
     async def _discard(self, reader: BodyReader) -> bool:
         """Read and drop the rest of a request body, up to :data:`DISCARD_LIMIT`

@@ -183,6 +183,11 @@ class StreamsStream(_WorkerThreads):
             writer.transport, lambda: _within(writer.drain(), self.timeout, _TAKE), buffers
         )
 
+    async def send_eof(self) -> None:
+        """End the sending side (when the transport can: not over TLS)."""
+        if self._writer.can_write_eof():
+            self._writer.write_eof()
+
     async def aclose(self) -> None:
         """Close the connection (see :func:`_closed_within`)."""
         writer = self._writer
@@ -571,6 +576,12 @@ class BufferedStream(_WorkerThreads):
         assert transport is not None
         await _write_all(transport, lambda: protocol.drain(self.timeout), buffers)
 
+    async def send_eof(self) -> None:
+        """End the sending side (when the transport can: not over TLS)."""
+        transport = self._protocol.transport
+        if transport is not None and transport.can_write_eof():
+            transport.write_eof()
+
     async def aclose(self) -> None:
         """Close the connection (see :func:`_closed_within`)."""
         transport = self._protocol.transport
@@ -613,6 +624,10 @@ class SocketStream(_ReceiveInto):
                 await _within(loop.sock_sendall(self._sock, buf), self.timeout, _TAKE)
         finally:
             self._waited()
+
+    async def send_eof(self) -> None:
+        """End the sending side; receiving goes on."""
+        self._sock.shutdown(socket.SHUT_WR)
 
     async def aclose(self) -> None:
         """Close the connection. A receive or send another task waits in ends

@@ -169,6 +169,11 @@ class TrioStream:
         """Let other tasks run (while a compressed body is decompressed)."""
         await trio.lowlevel.checkpoint()
 
+    async def send_eof(self) -> None:
+        """End the sending side, when the stream can (a socket stream; not TLS)."""
+        if isinstance(self.stream, trio.abc.HalfCloseableStream):
+            await self._bounded(self.stream.send_eof)
+
     async def aclose(self) -> None:
         """Close the stream."""
         await self.stream.aclose()

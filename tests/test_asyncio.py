@@ -1947,17 +1947,22 @@ def test_streams_declare_what_they_offer_beyond_a_byte_stream() -> None:
         in_place: _server.ReceivesInto = sock_stream  # checked by mypy too
         threads: _server.RunsInThreads = sock_stream
         assert in_place is threads  # type: ignore[comparison-overlap]
-        assert _server.capabilities(sock_stream) == (True, True, True, _server.CHUNK, True, False)
+        assert _server.capabilities(sock_stream) == (
+            (True, True, True, _server.CHUNK, True, False, True)
+        )
     finally:
         a.close()
         b.close()
-    assert _server.capabilities(Minimal()) == (False, False, False, _server.CHUNK, False, False)
+    assert _server.capabilities(Minimal()) == (
+        (False, False, False, _server.CHUNK, False, False, False)
+    )
     # The server's own stream takes back the memory of a request it is done with.
     from binproto.adapters.asyncio import BufferedStream, _ReceiveProtocol
 
     buffered = BufferedStream(_ReceiveProtocol())
     recycles: _server.Recycles = buffered  # checked by mypy too
     assert recycles is buffered and _server.capabilities(buffered).recycles
+    assert _server.capabilities(buffered).half_closes
     assert StreamsStream.read_size > _server.CHUNK
     reader = _server.BodyReader(Minimal(), h11.Connection(h11.SERVER), 0, receive_in_place=True)
     assert reader.checkpoint is None and reader.to_thread is None and not reader.in_place

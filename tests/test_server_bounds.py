@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import binproto
+from binproto.adapters import _server
 from binproto.adapters._server import Timeouts, V2Server
 
 trio = pytest.importorskip("trio")
@@ -170,18 +171,22 @@ def test_a_head_over_64_kib_is_refused(short: Running) -> None:
 # -- claims ----------------------------------------------------------------------------------
 
 
-def test_a_tensor_claim_bigger_than_memory_is_refused_at_once(backend: str) -> None:
-    # Within the limits (32 GiB a tensor) but more than this machine's memory:
-    # 413 as soon as the allocation fails, and the claimed body is not read.
-    size = 30 << 30
-    header = binproto.encode_request({"x": np.zeros(1, dtype=np.uint8)}).buffers[0]
-    header = bytes(header).replace(b'"shape":[1]', f'"shape":[{size}]'.encode())
+def _claiming(size: int) -> bytes:
+    """The head and JSON header of a request for a ``size``-byte tensor."""
+    header = bytes(binproto.encode_request({"x": np.zeros(1, np.uint8)}).buffers[0])
+    header = header.replace(b'"shape":[1]', f'"shape":[{size}]'.encode())
     header = header.replace(b'"binary_data_size":1', f'"binary_data_size":{size}'.encode())
     head = (
         "POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n"
         f"Inference-Header-Content-Length: {len(header)}\r\n"
         f"Content-Length: {len(header) + size}\r\n\r\n"
     ).encode()
+    return head + header
+
+
+def test_a_tensor_claim_bigger_than_memory_is_refused_at_once(backend: str) -> None:
+    # Within the limits (32 GiB a tensor) but more than this machine's memory:
+    # 413 as soon as the allocation fails, and the claimed body is not read.
     patient = Timeouts(keep_alive=10, head=10, body=10, write=10)
     for running in serving(backend, V2Server(timeouts=patient)):
         with connect(running.port) as sock:
@@ -189,13 +194,46 @@ def test_a_tensor_claim_bigger_than_memory_is_refused_at_once(backend: str) -> N
             # read; through streams, on the first bytes: send some, then wait
             # (as a client may) for an early answer.
             first = b"\0" * 1024 if backend == "asyncio-streams" else b""
-            sock.sendall(head + header + first)
+            sock.sendall(_claiming(30 << 30) + first)
             start = time.monotonic()
             received = read_all(sock)
             elapsed = time.monotonic() - start
     assert received.startswith(b"HTTP/1.1 413 "), received[:200]
     assert elapsed < 5  # not after waiting for body bytes
     assert b"Connection: close" in received
+
+
+def test_a_client_that_reads_only_once_it_has_sent_all_gets_the_refusal(backend: str) -> None:
+    # 300 MiB past a 1 MiB limit: answered 413 at once, without reading the
+    # body (over the 256 MiB the server drops to keep a connection). Closed
+    # at once, the connection would be reset under the client's sending
+    # (ECONNRESET); kept half-open while it sends, it reads the answer.
+    size = 300 << 20
+    app = V2Server(limits=binproto.Limits(max_body_bytes=1 << 20))
+    for running in serving(backend, app):
+        with connect(running.port) as sock:
+            sock.sendall(_claiming(size))
+            sock.sendall(bytes(size))
+            received = read_all(sock)
+    assert received.startswith(b"HTTP/1.1 413 "), received[:200]
+    assert b"Connection: close" in received
+
+
+def test_a_refused_body_is_drained_for_a_bounded_time(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_server, "LINGER", 0.5)
+    app = V2Server(limits=binproto.Limits(max_body_bytes=1 << 20))
+    for running in serving(backend, app):
+        with connect(running.port) as sock:
+            sock.sendall(_claiming(1 << 40))
+            start = time.monotonic()
+            # A client that sends on and on, and reads nothing.
+            with pytest.raises(OSError):
+                while time.monotonic() - start < 10:
+                    sock.sendall(bytes(1 << 16))
+            elapsed = time.monotonic() - start
+    assert 0.4 < elapsed < 5, elapsed
 
 
 # -- big JSON headers ------------------------------------------------------------------------
