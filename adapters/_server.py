@@ -124,10 +124,13 @@ CHUNK = 1 << 16
 MAX_HEAD = 64 * 1024
 #: Most body bytes read and dropped after an error, so the client sees the answer.
 DISCARD_LIMIT = 256 * 1024 * 1024
-#: Seconds a connection closed after an answer to a body still coming is kept
-#: half-open, its bytes read and dropped, so that the close does not reset it
-#: before the peer has read the answer (see :meth:`V2Server._linger`).
-LINGER = 5.0
+#: Seconds a connection closed on a refused request is kept half-open at most,
+#: the bytes still coming read and dropped, so that the close does not reset
+#: it before the peer has read the answer (see :meth:`V2Server._linger`)...
+LINGER = 30.0
+#: ... and the longest wait for those bytes (nginx's lingering_time and
+#: lingering_timeout).
+LINGER_IDLE = 5.0
 #: Decompressed tensor bytes handed out between two chances for other tasks to run.
 YIELD_BYTES = 1 << 20
 #: A body of at most this many bytes that has all arrived with its head is
@@ -1473,7 +1476,10 @@ class V2Server:
                         f" (not complete within {timeouts.head} s)",
                         status_hint=408,
                     )
-                    await self._send_error_and_close(stream, ResponseFramer(None), late)
+                    # (A peer too slow for its head is not waited for again.)
+                    await self._send_error_and_close(
+                        stream, ResponseFramer(None), late, linger=False
+                    )
                 return None
             first = not received
             if first and len(data):
@@ -1490,8 +1496,16 @@ class V2Server:
             data = head = b""  # (h11 holds a copy: no view of the read waits with the next)
 
     async def _send_error_and_close(
-        self, stream: ByteStream, framer: ResponseFramer, exc: ProtocolError
+        self,
+        stream: ByteStream,
+        framer: ResponseFramer,
+        exc: ProtocolError,
+        *,
+        linger: bool = True,
     ) -> None:
+        """Answer a request refused at its head, saying the connection closes;
+        then, with ``linger``, drain what the peer still sends (its body,
+        say: see :meth:`_linger`)."""
         if framer.our_state is not h11.SEND_RESPONSE:
             return
         head, payload = error_response(exc)
@@ -1505,6 +1519,8 @@ class V2Server:
         except h11.LocalProtocolError:
             return
         await stream.send_all([b for b in out if b])
+        if linger:
+            await self._linger(stream)
 
     async def _respond(
         self,
@@ -1778,27 +1794,34 @@ class V2Server:
             framer.send(h11.EndOfMessage()),
         ]
         await stream.send_all([b for b in out if b])
-        if close and reader.failed is None and not reader.done and not reader.awaits_continue:
+        if close and reader.failed is None and not reader.done:
+            # (A client waiting for 100 Continue reads the answer and closes;
+            # one that sent its body at once is drained.)
             await self._linger(stream)
         return not close and framer.reusable
 
     async def _linger(self, stream: ByteStream) -> None:
-        """After an answer that closes a connection whose peer is still sending
-        its body: end our side, then read and drop what comes until the peer
-        closes, for at most :data:`LINGER` seconds. Closed at once, the
-        connection would be reset under the peer's sending, and a peer that
-        reads only once it has sent everything would lose the answer."""
+        """After an answer that closes a connection whose peer may still be
+        sending: end our side, then read and drop what comes until the peer
+        closes, for at most :data:`LINGER` seconds, each wait at most
+        :data:`LINGER_IDLE`. Closed at once, the connection would be reset
+        under the peer's sending, and a peer that reads only once it has sent
+        everything would get the reset, not the answer. (A stream that cannot
+        half-close is closed at once.)"""
         if not capabilities(stream).half_closes:
             return
+        before = stream.timeout
         deadline = time.monotonic() + LINGER
         try:
             await cast(HalfCloses, stream).send_eof()
             while (left := deadline - time.monotonic()) > 0:
-                stream.timeout = left
+                stream.timeout = min(left, LINGER_IDLE)
                 if not len(await stream.receive_some(CHUNK)):
                     return
         except (TimeoutError, OSError):
             return
+        finally:
+            stream.timeout = before  # (the close's own bound)
 
     async def _discard(self, reader: BodyReader) -> bool:
         """Read and drop the rest of a request body, up to :data:`DISCARD_LIMIT`

@@ -203,20 +203,48 @@ def test_a_tensor_claim_bigger_than_memory_is_refused_at_once(backend: str) -> N
     assert b"Connection: close" in received
 
 
-def test_a_client_that_reads_only_once_it_has_sent_all_gets_the_refusal(backend: str) -> None:
+@pytest.mark.parametrize("how", ["plain", "expect-100", "head-too-big"])
+def test_a_client_that_reads_only_once_it_has_sent_all_gets_the_refusal(
+    backend: str, how: str
+) -> None:
     # 300 MiB past a 1 MiB limit: answered 413 at once, without reading the
     # body (over the 256 MiB the server drops to keep a connection). Closed
     # at once, the connection would be reset under the client's sending
-    # (ECONNRESET); kept half-open while it sends, it reads the answer.
+    # (ECONNRESET); kept half-open while it sends, it reads the answer. The
+    # same for a client that says Expect: 100-continue and sends its body at
+    # once, and for a head refused whole (431) with a body after it.
     size = 300 << 20
+    app = V2Server(limits=binproto.Limits(max_body_bytes=1 << 20))
+    head = _claiming(size)
+    if how == "expect-100":
+        head = head.replace(b"Host: x\r\n", b"Host: x\r\nExpect: 100-continue\r\n")
+    elif how == "head-too-big":
+        head = head.replace(b"Host: x\r\n", b"Host: x\r\nX-Pad: " + b"p" * 70_000 + b"\r\n")
+    for running in serving(backend, app):
+        with connect(running.port) as sock:
+            sock.sendall(head)
+            sock.sendall(bytes(size))
+            received = read_all(sock)
+    status = b"431" if how == "head-too-big" else b"413"
+    assert received.startswith(b"HTTP/1.1 " + status), received[:200]
+    assert b"Connection: close" in received
+
+
+def test_a_refused_client_that_sends_nothing_more_is_not_waited_for(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_server, "LINGER_IDLE", 0.3)
     app = V2Server(limits=binproto.Limits(max_body_bytes=1 << 20))
     for running in serving(backend, app):
         with connect(running.port) as sock:
-            sock.sendall(_claiming(size))
-            sock.sendall(bytes(size))
-            received = read_all(sock)
-    assert received.startswith(b"HTTP/1.1 413 "), received[:200]
-    assert b"Connection: close" in received
+            sock.sendall(_claiming(300 << 20))
+            assert read_all(sock).startswith(b"HTTP/1.1 413 ")  # (then our side's end)
+            time.sleep(1.0)
+            # The server closed after 0.3 s of nothing: what we send now is reset.
+            with pytest.raises(OSError):
+                for _ in range(20):
+                    sock.sendall(b"\0" * 1024)
+                    time.sleep(0.05)
 
 
 def test_a_refused_body_is_drained_for_a_bounded_time(
