@@ -185,18 +185,21 @@ def test_a_chunked_body_refused_for_its_header_is_answered_beside_another(
 def test_a_gzip_body_claims_its_json_header_at_its_head(running: Running, app: V2Server) -> None:
     holder = Holder(running, app)
     header = json.dumps({"inputs": [], "pad": "x" * 600_000}).encode()
-    packed = gzip.compress(header)
-    head = (
-        "POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
-        f"Inference-Header-Content-Length: {len(header)}\r\n"
-        f"Content-Length: {len(packed)}\r\nExpect: 100-continue\r\n\r\n"
-    ).encode()
+    head = _gzip_head(len(header), len(gzip.compress(header)), "Expect: 100-continue\r\n")
     with connect(running.port) as sock:
         sock.sendall(head)  # the body is not inflated, nor even sent
         answer = read_all(sock)
     assert answer.startswith(b"HTTP/1.1 503 "), answer[:300]
     assert f"this one's {len(header)} would pass".encode() in answer
     assert status_of(holder.finish()) == 200
+
+
+def _gzip_head(header_length: int, length: int, more: str = "") -> bytes:
+    return (
+        "POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+        f"Inference-Header-Content-Length: {header_length}\r\n"
+        f"Content-Length: {length}\r\n{more}\r\n"
+    ).encode()
 
 
 def _chunked(head: bytes, body: bytes, piece: int = 64 * KiB) -> bytes:
@@ -248,15 +251,12 @@ def test_a_gzip_body_claims_what_it_expands_to(running: Running, app: V2Server) 
     body = binproto.encode_request({"x": np.zeros(120_000, np.float32)})
     packed = gzip.compress(bytes(body))
     assert len(packed) < 4 * KiB  # (its Content-Length alone would fit)
-    head = (
-        "POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
-        f"Inference-Header-Content-Length: {body.header_length}\r\n"
-        f"Content-Length: {len(packed)}\r\n\r\n"
-    ).encode()
+    assert body.header_length is not None
     with connect(running.port) as sock:
-        sock.sendall(head + packed)
+        sock.sendall(_gzip_head(body.header_length, len(packed)) + packed)
         answer = response(sock)
     assert status_of(answer) == 503, answer[:300]
+    assert f"this one's {len(bytes(body))} would pass".encode() in answer
     assert status_of(holder.finish()) == 200
 
 
@@ -275,8 +275,20 @@ def test_a_budget_is_a_byte_count(most: object) -> None:
         V2Server(max_body_bytes_in_flight=most)  # type: ignore[arg-type]
 
 
-def test_without_a_budget_nothing_is_counted() -> None:
-    assert V2Server().body_bytes_in_flight == 0
+def test_without_a_budget_nothing_is_counted_nor_refused(backend: str) -> None:
+    # The default: the two requests the budget above refuses together are served.
+    app = V2Server(timeouts=TIMEOUTS)
+    for running in serving(backend, app):
+        wire = request_bytes({"x": HELD})
+        with connect(running.port) as held:
+            held.sendall(wire[: len(wire) // 2])
+            time.sleep(0.1)
+            with connect(running.port) as sock:
+                sock.sendall(request_bytes({"x": OTHER}))
+                assert status_of(response(sock)) == 200
+            assert app.body_bytes_in_flight == 0
+            held.sendall(wire[len(wire) // 2 :])
+            assert status_of(response(held)) == 200
 
 
 def test_binproto_serve_takes_the_budget_as_a_size() -> None:

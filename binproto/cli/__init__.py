@@ -125,9 +125,11 @@ def add_serve(subparsers: Any) -> None:
             metavar="SECONDS",
             help=f"{what}; default {default:g}, 0 for no bound",
         )
+    from ._demo import size_arg  # (sizes read as binproto demo reads them: 4GiB, 4096)
+
     p.add_argument(
         "--max-body-bytes-in-flight",
-        type=_size,
+        type=size_arg,
         default=None,
         metavar="SIZE",
         help="request body bytes all connections may hold at once (e.g. 4GiB); a request"
@@ -135,16 +137,6 @@ def add_serve(subparsers: Any) -> None:
         " Retry-After: 1, one alone is always taken; default no bound",
     )
     p.set_defaults(func=_serve)
-
-
-def _size(text: str) -> int:
-    """A size flag's value: bytes, as ``binproto demo`` reads sizes (``4GiB``, ``4096``)."""
-    from ._demo import parse_size
-
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _seconds(text: str) -> float:

@@ -39,7 +39,15 @@ import numpy as np
 if TYPE_CHECKING:
     import asyncio
 
-__all__ = ["DemoResult", "add_demo", "format_size", "parse_size", "peak_rss", "run_demo"]
+__all__ = [
+    "DemoResult",
+    "add_demo",
+    "format_size",
+    "parse_size",
+    "peak_rss",
+    "run_demo",
+    "size_arg",
+]
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -97,12 +105,17 @@ def _size_arg(text: str) -> int:
     return size
 
 
-def _chunk_arg(text: str) -> int:
-    """--chunk: a size of at least one byte (argparse's ``type``)."""
+def size_arg(text: str) -> int:
+    """A size flag's value in bytes, read by :func:`parse_size` (argparse's ``type``)."""
     try:
-        size = parse_size(text)
+        return parse_size(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _chunk_arg(text: str) -> int:
+    """--chunk: a size of at least one byte (argparse's ``type``)."""
+    size = size_arg(text)
     if size < 1:
         raise argparse.ArgumentTypeError(f"the size must be positive, got {text!r}")
     return size
