@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -154,3 +156,35 @@ class ScriptedInPlace(Scripted):
         data = await self.receive_some(len(view))
         view[: len(data)] = data
         return len(data)
+
+
+def claiming_header(datatype: str, elements: int, size: int, name: str = "x") -> bytes:
+    """The JSON header of a request whose one binary input ``name`` claims
+    ``elements`` elements of ``datatype`` in ``size`` bytes."""
+    tensor = {
+        "name": name,
+        "datatype": datatype,
+        "shape": [elements],
+        "parameters": {"binary_data_size": size},
+    }
+    return json.dumps({"inputs": [tensor]}).encode()
+
+
+def gzip_then_zeros(header: bytes, zeros: int) -> bytes:
+    """A gzip body of ``header`` then ``zeros`` zero bytes, a MiB at a time."""
+    stream = zlib.compressobj(9, zlib.DEFLATED, 31)
+    pieces = [stream.compress(header)]
+    block = bytes(1 << 20)
+    for _ in range(zeros >> 20):
+        pieces.append(stream.compress(block))
+    pieces.append(stream.compress(bytes(zeros & ((1 << 20) - 1))))
+    pieces.append(stream.flush())
+    return b"".join(pieces)
+
+
+def proc_status(pid: int, key: str) -> int:
+    """A size from ``/proc/PID/status`` (``VmRSS``, ``VmHWM``), in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        match = re.search(rf"^{key}:\s+(\d+) kB", f.read(), re.M)
+    assert match, key
+    return int(match.group(1)) * 1024

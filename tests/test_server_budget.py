@@ -22,7 +22,7 @@ from binproto import LocalProtocolError
 from binproto.adapters._server import Timeouts, V2Server
 from binproto.cli import build_parser
 
-from .test_server_bounds import BACKENDS, Running, connect, read_all, request_bytes, serving
+from .servers import BACKENDS, Running, connect, read_all, request_bytes, serving
 
 KiB = 1024
 BUDGET = 1024 * KiB

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import socket
 import struct
 import subprocess
@@ -22,6 +21,8 @@ import pytest
 
 import binproto
 from binproto.adapters.asyncio import Client
+
+from .helpers import proc_status
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,13 +48,6 @@ app = V2Server(
 )
 asyncio.run(serve(app, port=0, ready=lambda port: print(port, flush=True)))
 """
-
-
-def _status(pid: int, key: str) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        match = re.search(rf"^{key}:\s+(\d+) kB", f.read(), re.M)
-    assert match
-    return int(match.group(1)) * 1024
 
 
 def _fds(pid: int) -> int:
@@ -154,7 +148,7 @@ def test_soak_slow_drips_valid_clients_and_resets_at_once() -> None:
         time.sleep(0.5)
         idle_tasks = asyncio.run(_tasks(port))
         idle_fds = _fds(proc.pid)
-        idle_rss = _status(proc.pid, "VmRSS")
+        idle_rss = proc_status(proc.pid, "VmRSS")
 
         counts = asyncio.run(_soak(port))
 
@@ -164,8 +158,8 @@ def test_soak_slow_drips_valid_clients_and_resets_at_once() -> None:
         tasks = asyncio.run(_tasks(port))
         time.sleep(0.5)
         fds = _fds(proc.pid)
-        rss = _status(proc.pid, "VmRSS")
-        peak = _status(proc.pid, "VmHWM")
+        rss = proc_status(proc.pid, "VmRSS")
+        peak = proc_status(proc.pid, "VmHWM")
     finally:
         proc.terminate()
         proc.wait(10)
