@@ -41,6 +41,7 @@ from ._errors import LocalProtocolError, RemoteProtocolError
 from ._header import MAX_DIMS, PARAMETER_TYPES, InferenceHeader, RequestedOutput
 from ._http import message_headers, raw_message_headers
 from ._json import json_data_to_array
+from ._limits import Limits
 from ._util import as_byte_view, check_bool
 
 __all__ = [
@@ -475,6 +476,8 @@ def _place(
     return objs, buffers, arrays, plain
 
 
+DEFAULT_LIMITS = Limits()
+
 # Built once: json.dumps with arguments builds an encoder on every call.
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
@@ -714,6 +717,22 @@ def _policy(
     return kept, choice
 
 
+def _check_json_elements(prepared: list[_Prepared], binary: list[bool], most: int) -> None:
+    """Refuse a response whose JSON outputs hold more than ``most`` elements."""
+    count = 0
+    for p, chosen in zip(prepared, binary, strict=True):
+        if not chosen and p.datatype not in _ALWAYS_BINARY:
+            count += math.prod(p.shape)
+    if count > most:
+        raise RemoteProtocolError(
+            f"the response would write {count} elements as JSON data, more than the limit"
+            f" of {most} (max_json_output_elements): ask for binary outputs"
+            " (binary_data_output)",
+            status_hint=413,
+            offset=0,
+        )
+
+
 def encode_response(
     outputs: Mapping[str, Any] | Sequence[Tensor],
     *,
@@ -723,6 +742,7 @@ def encode_response(
     parameters: Mapping[str, Any] | None = None,
     request: InferenceHeader | None = None,
     binary: Binary = True,
+    max_json_elements: int | None = DEFAULT_LIMITS.max_json_output_elements,
 ) -> EncodedBody:
     """Encode an inference response.
 
@@ -747,6 +767,11 @@ def encode_response(
 
     Without ``request``, ``binary`` decides as in :func:`encode_request` (BYTES
     that are not valid UTF-8 sent as JSON raise :class:`LocalProtocolError`).
+
+    ``max_json_elements`` bounds the elements the request's policy may have
+    written as JSON ``data`` (by default ``Limits().max_json_output_elements``;
+    None sets no bound): past it, :class:`RemoteProtocolError` with status
+    hint 413, before any is written.
     """
     prepared = _prepare_all(outputs, "output")
     if request is not None:
@@ -754,6 +779,8 @@ def encode_response(
         prepared, choice = _policy(request, prepared)
         if id is None:
             id = request.id
+        if max_json_elements is not None:
+            _check_json_elements(prepared, choice, max_json_elements)
     else:
         choice = _binary_choice(binary, prepared, "output")
     tensors, buffers, arrays, plain = _place(

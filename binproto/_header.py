@@ -388,10 +388,19 @@ def build_header(
     keys = len(obj) + len(params)
     seen: set[str] = set()
     infos = []
+    strings = 0  # BYTES elements so far: each becomes a Python object
     for i, t in enumerate(tensors_json):
         info = _tensor(t, i, role, limits, seen)
         infos.append(info)
         keys += len(t) + len(info.parameters)
+        if info.datatype == "BYTES":
+            strings += info.elements
+            if strings > limits.max_bytes_elements:
+                raise _fail(
+                    f"the {kind}'s BYTES tensors hold {strings} or more elements, more than"
+                    f" the limit of {limits.max_bytes_elements} (max_bytes_elements)",
+                    413,
+                )
     # Checked where they are read: a call each cost more than the checks.
     id_ = obj.get("id")
     if id_ is not None and type(id_) is not str:

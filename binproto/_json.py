@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -13,7 +15,14 @@ import numpy as np
 from ._datatypes import DataType
 from ._errors import RemoteProtocolError
 
-__all__ = ["FAST_DUMPS", "FAST_LOADS", "json_data_to_array", "loads_header", "refuse_repeated_keys"]
+__all__ = [
+    "FAST_DUMPS",
+    "FAST_LOADS",
+    "check_values",
+    "json_data_to_array",
+    "loads_header",
+    "refuse_repeated_keys",
+]
 
 # A JSON string token, unrolled so long strings do not backtrack.
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
@@ -72,6 +81,79 @@ def _max_depth(raw: bytes, limit: int) -> int:
     quotes = np.flatnonzero(codes == 0x22)
     outside = (np.searchsorted(quotes, where) & 1) == 0
     return int(max(0, np.cumsum(steps[where][outside], dtype=np.int64).max(initial=0)))
+
+
+def _values_bound(raw: bytes) -> int:
+    """An upper bound on the JSON values of ``raw``, from its bytes alone.
+
+    Every value but the outermost follows a ``[`` (the first element of an
+    array), a ``{`` (the first member of an object) or a ``,`` (any later
+    one). Counting those gives the number of values, plus one for each empty
+    array or object. Brackets and commas inside strings count too: the bound
+    stays an upper bound, and a second count without strings refines it.
+    """
+    return 1 + raw.count(b",") + raw.count(b"[") + raw.count(b"{")
+
+
+# Bytes of a header scanned per step of the count outside strings: between
+# steps, other threads may take the interpreter lock.
+_VALUES_PIECE = 1 << 20
+
+
+def _values_outside_strings(raw: bytes) -> int:
+    """:func:`_values_bound` counting only the commas and brackets outside
+    strings, a piece at a time."""
+    if b"\\" in raw:
+        # Escaped backslashes, then escaped quotes, gone: every quote left
+        # opens or closes a string. (A run of backslashes pairs up from its
+        # start, as replace() takes them.)
+        raw = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    count = 1
+    inside = 0  # 1 when a piece starts inside a string
+    for start in range(0, len(raw), _VALUES_PIECE):
+        codes = np.frombuffer(raw, np.uint8, min(_VALUES_PIECE, len(raw) - start), start)
+        quotes = np.flatnonzero(codes == 0x22)
+        marks = np.flatnonzero((codes == 0x2C) | (codes == 0x5B) | (codes == 0x7B))
+        # A mark after an even number of the piece's quotes is where the
+        # piece started: outside a string, unless it started inside one.
+        count += int(np.count_nonzero((np.searchsorted(quotes, marks) & 1) == inside))
+        inside ^= quotes.size & 1
+    return count
+
+
+def check_values(raw: bytes, limit: int) -> None:
+    """Refuse a header of more than ``limit`` JSON values (status hint 413),
+    before it is parsed: each value becomes a Python object, so this bounds
+    the memory and time its parsing takes."""
+    if _values_bound(raw) <= limit:
+        return
+    count = _values_outside_strings(raw)
+    if count > limit:
+        raise RemoteProtocolError(
+            f"the JSON header holds up to {count} values, more than the limit of {limit}"
+            " (max_json_values): send big tensors as binary data",
+            status_hint=413,
+            offset=0,
+        )
+
+
+@contextlib.contextmanager
+def _collector_paused(pause: bool) -> Iterator[None]:
+    """Pause the cyclic garbage collector while a big header is decoded.
+
+    A decoded header is a tree: it holds no cycle for the collector to find.
+    Yet its many new containers trigger full collections, each a walk over
+    everything alive, which made up half the decoding time of headers of
+    many small objects. The collector is resumed only if it was running.
+    """
+    if not pause or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 class _DuplicateKey(Exception):
@@ -210,20 +292,25 @@ def _length_hint(
     return ""
 
 
-def loads_header(raw: bytes, *, max_depth: int, kind: str = "request") -> Any:
+def loads_header(
+    raw: bytes, *, max_depth: int, kind: str = "request", max_values: int | None = None
+) -> Any:
     """Decode the JSON header ``raw`` (exactly the header's bytes).
 
     Accepts what real peers send: ``NaN``/``Infinity`` tokens. Rejects invalid
     UTF-8, a byte-order mark, trailing bytes, nesting deeper than ``max_depth``,
     and a ``\\u`` escape of a lone surrogate (it is no Unicode character). A
     repeated key is refused by :func:`refuse_repeated_keys`, given the decoded
-    object's key count.
+    object's key count. A header of more than ``max_values`` JSON values is
+    refused before it is parsed (:func:`check_values`).
 
     With orjson installed (the ``fast`` extra) orjson parses the headers of
     up to :data:`FAST_MAX` bytes, under a ``max_depth`` of at most
     :data:`FAST_MAX_DEPTH`, whose result is the standard parser's
     (:data:`FAST_LOADS`); the result, and every error, are the same either way.
     """
+    if max_values is not None:
+        check_values(raw, max_values)
     # Each level of nesting takes two bytes (an opener and its closer), so a
     # header of at most twice the limit cannot pass it. Else count openers
     # cheaply (strings' brackets too, so never fewer than the nesting): only
@@ -268,7 +355,8 @@ def loads_header(raw: bytes, *, max_depth: int, kind: str = "request") -> Any:
     try:
         if text.startswith("\ufeff"):  # as json.loads says it; JSONDecoder does not check
             raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
-        obj = _DECODER.decode(text)
+        with _collector_paused(len(raw) > FAST_MAX):
+            obj = _DECODER.decode(text)
     except RecursionError:  # under a limit deeper than the Python stack goes
         raise RemoteProtocolError(
             "JSON nesting is too deep to decode (past Python's recursion limit)", offset=0
@@ -307,7 +395,8 @@ def refuse_repeated_keys(raw: bytes, keys: int, kind: str = "request") -> None:
         return  # the other colons were inside strings
     # Keys not counted, or a repeat: decode again, refusing a repeated key.
     try:
-        _UNIQUE_DECODER.decode(raw.decode("utf-8"))
+        with _collector_paused(len(raw) > FAST_MAX):
+            _UNIQUE_DECODER.decode(raw.decode("utf-8"))
     except RecursionError:  # (a header the first decoding took, nested ~1000 deep)
         raise RemoteProtocolError(
             "JSON nesting is too deep to check for repeated keys", offset=0

@@ -31,7 +31,20 @@ class Limits:
         max_tensor_bytes: largest ``binary_data_size`` of a single tensor.
         max_body_bytes: largest (decoded) body.
         max_json_depth: deepest nesting of JSON arrays and objects in the header.
+        max_json_values: most JSON values (numbers, strings, arrays, objects,
+            ...) in the header, counted from its bytes before it is parsed.
+            Each value becomes a Python object: this bounds the header's
+            memory and parse time, which its size alone does not.
+        max_bytes_elements: most BYTES elements in one message, over all
+            its tensors (each becomes a Python ``bytes`` object).
+        max_json_output_elements: most elements a response may write as
+            JSON ``data`` (the encoder's bound: JSON text is several times
+            the binary size and slow to write). Past it, ask for binary
+            outputs.
         max_decompressed_bytes: most bytes a compressed body may expand to.
+            Below 4 GiB, so a gzip trailer (its size modulo 2**32) that
+            matches the header's claim is the body's true size, or the body
+            passes this limit while it is inflated.
         max_decompression_ratio: most decompressed bytes per compressed byte.
             The first 1 MiB of a body is always allowed; past it, a body may
             expand to this many times its compressed ``content_length``, or,
@@ -50,7 +63,10 @@ class Limits:
     max_tensor_bytes: int = 32 * GiB
     max_body_bytes: int = 64 * GiB
     max_json_depth: int = 100
-    max_decompressed_bytes: int = 4 * GiB
+    max_json_values: int = 1024 * 1024
+    max_bytes_elements: int = 2 * 1024 * 1024
+    max_json_output_elements: int = 2 * 1024 * 1024
+    max_decompressed_bytes: int = 512 * MiB
     max_decompression_ratio: float = 1100.0
 
     def __post_init__(self) -> None:
@@ -60,6 +76,9 @@ class Limits:
             "max_tensor_bytes",
             "max_body_bytes",
             "max_json_depth",
+            "max_json_values",
+            "max_bytes_elements",
+            "max_json_output_elements",
             "max_decompressed_bytes",
         ):
             value = getattr(self, name)

@@ -154,7 +154,9 @@ def read_header(
 
 def parse_header(raw: bytes, kind: Kind, limits: Limits) -> InferenceHeader:
     """Decode and validate the JSON header ``raw`` (exactly its bytes)."""
-    obj = loads_header(raw, max_depth=limits.max_json_depth, kind=kind)
+    obj = loads_header(
+        raw, max_depth=limits.max_json_depth, kind=kind, max_values=limits.max_json_values
+    )
     return check_header(raw, obj, kind, limits)
 
 

@@ -88,6 +88,8 @@ def _over(field: str) -> tuple[binproto.Limits, bytes, int | None, str | None]:
         inputs["y"] = np.zeros(2, dtype=np.float32)
     elif field == "max_json_depth":
         inputs = {"x": [[[[1.0]]]]}
+    elif field == "max_bytes_elements":
+        inputs = {"s": np.array([b"a", b"b"], dtype=object)}
     elif field in ("max_decompressed_bytes", "max_decompression_ratio"):
         encoding = "gzip"
         low = {field: 1000 if field == "max_decompressed_bytes" else 2}
@@ -108,9 +110,16 @@ def test_limits_table_matches_the_code() -> None:
         assert getattr(defaults, field) == _default(default), field
         limits, wire, header_length, encoding = _over(field)
         with pytest.raises(binproto.RemoteProtocolError) as exc:
-            binproto.decode_request(
+            decoded = binproto.decode_request(
                 wire, header_length=header_length, limits=limits, content_encoding=encoding
             )
+            if field == "max_json_output_elements":  # the encoder's: the echo as JSON
+                binproto.encode_response(
+                    decoded.tensors,
+                    model_name="m",
+                    request=decoded.header,
+                    max_json_elements=limits.max_json_output_elements,
+                )
         assert exc.value.status_hint == int(status), field
 
 
