@@ -72,7 +72,8 @@ from binproto import (
 )
 from binproto._assemble import Destinations
 from binproto._compression import GZIP_AHEAD, check_gzip_size
-from binproto._http import CREDENTIAL_HEADERS, KeptOnSecondSight
+from binproto._http import CREDENTIAL_HEADERS, SLOW_HEADER, KeptOnSecondSight
+from binproto._parser import DEFAULT_LIMITS
 from binproto._util import aligned_arrays, aligned_copy, whole_number
 from binproto._writer import response_start
 
@@ -144,8 +145,31 @@ WHOLE_BODY = (64 + 4) * 1024
 #: that one read.
 HEAD_READ = WHOLE_BODY + 4 * 1024
 #: JSON headers at least this long are parsed in a worker thread when the
-#: stream offers ``to_thread``, so the event loop goes on serving meanwhile.
-THREAD_HEADER = 1 << 20
+#: stream offers ``to_thread``, so the event loop goes on serving meanwhile
+#: (see :meth:`binproto.BodyClaims.slow_header_from`).
+THREAD_HEADER = SLOW_HEADER
+#: Responses that may write at least this many elements as JSON data are
+#: encoded in a worker thread.
+THREAD_JSON = 1 << 16
+
+
+def json_output_elements(header: InferenceHeader, result: Any) -> int:
+    """The elements of ``result`` a response to ``header`` may write as JSON
+    (all of them unless the request asked for every output binary): whether
+    encoding is worth a worker thread."""
+    wanted = header.requested_outputs
+    if header.binary_data_output is True and (
+        wanted is None or all(o.binary_data is not False for o in wanted)
+    ):
+        return 0
+    values = result.values() if isinstance(result, Mapping) else result
+    total = 0
+    for value in values:
+        size = getattr(value, "size", None)
+        if size is None:  # a Tensor, or a list
+            size = getattr(getattr(value, "array", None), "size", None)
+        total += size if type(size) is int else 0
+    return total
 
 
 class ByteStream(Protocol):
@@ -740,11 +764,12 @@ class MessageBody:
         #: The assembler :meth:`tensors` used (its counters tell what was
         #: copied); None when the body was decoded whole (see WHOLE_BODY).
         self.assembler: TensorAssembler | None = None
-        # The length of a JSON header big enough to parse off the event loop.
+        # The body bytes from which parser steps run in a worker thread, until
+        # the header is parsed: a JSON header big enough to slow the loop,
+        # once all of it is in; a compressed one, inflated and parsed in the
+        # step that has its bytes; one whose end is the body's end (chunked).
+        self._thread_from = claims.slow_header_from() if reader.to_thread is not None else None
         hl = claims.header_length
-        length = hl if hl is not None else claims.content_length
-        big = reader.to_thread is not None and not compressed and (length or 0) >= THREAD_HEADER
-        self._big_header = length if big else None
         #: True when the JSON header was parsed in a worker thread (it was big).
         self.header_in_thread = False
         # A small compressed body with binary tensors is read whole first: a
@@ -787,10 +812,9 @@ class MessageBody:
         return parser is not None and parser.state is binproto.ParserState.ERROR
 
     async def _next_in_thread(self) -> Event | NeedData:
-        """``parser.next_event()`` in a worker thread: the call that parses a
-        big JSON header, whose bytes are all in (nothing else touches the
-        parser meanwhile)."""
-        self._big_header = None
+        """``parser.next_event()`` in a worker thread: a step that may parse
+        a big JSON header or inflate a compressed one (nothing else touches
+        the parser meanwhile)."""
         self.header_in_thread = True
         to_thread = self._reader.to_thread
         assert to_thread is not None
@@ -857,13 +881,14 @@ class MessageBody:
         self._to_parser()
         parser = self.parser
         while True:
-            big = self._big_header
-            if big is not None and self._fed >= big:
+            start = self._thread_from
+            if start is not None and self._fed >= start:
                 event = await self._next_in_thread()
             else:
                 event = parser.next_event()
             if event is not NEED_DATA:
                 if type(event) is HeaderParsed:
+                    self._thread_from = None
                     self.header = event.header
                     self._header_event = event
                     if self._end:
@@ -955,8 +980,8 @@ class MessageBody:
         parser = self.parser
         reader = self._reader
         while not self.complete:
-            big = self._big_header
-            if big is not None and self._fed >= big:
+            start = self._thread_from
+            if start is not None and self._fed >= start:
                 event = await self._next_in_thread()
             else:
                 event = parser.next_event()
@@ -973,6 +998,7 @@ class MessageBody:
                     parser.receive_data(data)
                 continue
             if type(event) is HeaderParsed:
+                self._thread_from = None
                 self.header = event.header
                 self._header_event = event
             elif type(event) is MessageComplete:
@@ -1729,6 +1755,7 @@ class V2Server:
         version = r.version
         if version is None and model.versions:
             version = model.versions[0]
+        limits = self.limits if self.limits is not None else DEFAULT_LIMITS
         encode = functools.partial(
             binproto.encode_response,
             result,
@@ -1736,9 +1763,13 @@ class V2Server:
             model_version=version,
             id=header.id,
             request=header,
+            max_json_elements=limits.max_json_output_elements,
         )
-        if body.header_in_thread and reader.to_thread is not None:
-            # A big JSON request: its JSON answer may be as big, as slow to write.
+        if reader.to_thread is not None and (
+            body.header_in_thread or json_output_elements(header, result) >= THREAD_JSON
+        ):
+            # JSON text is written a slice at a time, each slice a pass in C:
+            # in a thread, the event loop runs between slices.
             return body, await reader.to_thread(encode)
         return body, encode()
 

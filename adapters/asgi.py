@@ -31,6 +31,7 @@ that much extra per message.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -355,6 +356,16 @@ async def _event_batches(
         raise RemoteProtocolError("the body ended early", offset=parser.bytes_parsed)
 
 
+def _thread_runner() -> Callable[..., Awaitable[Any]] | None:
+    """``asyncio.to_thread`` under an asyncio event loop, else None (the
+    work stays on the loop of any other library)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+    return asyncio.to_thread
+
+
 async def read_request(
     scope: Scope,
     source: BodySource,
@@ -425,14 +436,24 @@ async def read_request(
     assembler = TensorAssembler(destinations)
     if first is not None:
         parser.receive_data(first)
+
+    def feed(events: Iterator[Event]) -> None:
+        for event in events:
+            if ahead is not None and type(event) is HeaderParsed:
+                hl = parser.header_length
+                if hl is not None:
+                    check_gzip_size(*ahead, hl + event.header.binary_size, hl)
+            assembler.feed(event)
+
+    # Until its header is parsed, a body that may inflate or parse for long
+    # is read in a worker thread (under asyncio), as V2Server does.
+    to_thread = _thread_runner() if claims.slow_header_from() is not None else None
     try:
         async for events in _event_batches(parser, source, chunks):
-            for event in events:
-                if ahead is not None and type(event) is HeaderParsed:
-                    hl = parser.header_length
-                    if hl is not None:
-                        check_gzip_size(*ahead, hl + event.header.binary_size, hl)
-                assembler.feed(event)
+            if to_thread is not None and parser.state is ParserState.HEADER:
+                await to_thread(feed, events)
+            else:
+                feed(events)
     except BaseException:
         # The fault's traceback keeps this frame (and the parser may keep the
         # fault, a cycle): drop the arrays now, not when the collector runs.

@@ -347,6 +347,14 @@ def _content_length(fields: HeaderFields) -> int | None:
     return value
 
 
+#: A plain JSON header at least this long is parsed off the event loop
+#: (:meth:`BodyClaims.slow_header_from`).
+SLOW_HEADER = 1 << 20
+#: A compressed JSON header at least this long is inflated and parsed off
+#: the event loop.
+SLOW_COMPRESSED_HEADER = 1 << 16
+
+
 class BodyClaims(NamedTuple):
     """What a message's HTTP headers say about its body (:func:`body_claims`).
 
@@ -377,6 +385,26 @@ class BodyClaims(NamedTuple):
             raw=raw_input is not None,
         )
         self.check_raw_length(raw_input)
+
+    def slow_header_from(self) -> int | None:
+        """The body bytes from which its JSON header may take long enough to
+        inflate or parse to slow an event loop, or None when it never may.
+
+        A server runs the parser in a worker thread from there until the
+        header is parsed: a compressed header of
+        :data:`SLOW_COMPRESSED_HEADER` bytes or more, or of a length known
+        only once inflated, from its first byte (it is inflated and parsed
+        in the step that has its bytes); a plain one of :data:`SLOW_HEADER`
+        bytes or more once all of it is in; one that ends with the body
+        (plain JSON, chunked) once :data:`SLOW_HEADER` bytes are in.
+        """
+        hl = self.header_length
+        if self.content_encoding is not None:
+            return 1 if hl is None or hl >= SLOW_COMPRESSED_HEADER else None
+        length = hl if hl is not None else self.content_length
+        if length is None:
+            return SLOW_HEADER
+        return length if length >= SLOW_HEADER else None
 
     def check_raw_length(self, raw_input: TensorSpec | None) -> None:
         """Refuse a raw binary request for ``raw_input`` whose shape or size
