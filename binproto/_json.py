@@ -125,7 +125,9 @@ def check_values(raw: bytes, limit: int) -> None:
     """Refuse a header of more than ``limit`` JSON values (status hint 413),
     before it is parsed: each value becomes a Python object, so this bounds
     the memory and time its parsing takes."""
-    if _values_bound(raw) <= limit:
+    # Each value counted takes a byte of its own: a header shorter than the
+    # limit cannot pass it.
+    if len(raw) < limit or _values_bound(raw) <= limit:
         return
     count = _values_outside_strings(raw)
     if count > limit:
