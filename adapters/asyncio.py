@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
@@ -82,6 +83,8 @@ __all__ = [
     "serve",
     "start_server",
 ]
+
+log = logging.getLogger("binproto.server")
 
 #: Bytes in the transport's write buffer above which a writer waits.
 HIGH_WATER = 1 << 20
@@ -536,13 +539,19 @@ async def _write_all(
 ) -> None:
     """Write ``buffers`` (small ones gathered into one write, big ones never
     joined), waiting for the transport to drain above :data:`HIGH_WATER`."""
-    for buf in gather_small(buffers):
-        if transport.is_closing():
-            raise ConnectionResetError("the connection is closed")
-        transport.write(buf)
-        if transport.get_write_buffer_size() > HIGH_WATER:
-            await drain()
-    await drain()
+    try:
+        for buf in gather_small(buffers):
+            if transport.is_closing():
+                raise ConnectionResetError("the connection is closed")
+            transport.write(buf)
+            if transport.get_write_buffer_size() > HIGH_WATER:
+                await drain()
+        await drain()
+    except TimeoutError:
+        # The peer stopped reading: drop the connection now. A graceful close
+        # would wait the write timeout once more for it to take what is buffered.
+        transport.abort()
+        raise
 
 
 class BufferedStream(_WorkerThreads):
