@@ -31,7 +31,6 @@ that much extra per message.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import (
@@ -70,7 +69,12 @@ from binproto._compression import (
     normalize_encoding,
 )
 from binproto._decode import _decode_plain
-from binproto._http import CREDENTIAL_HEADERS, HeaderFields, KeptOnSecondSight, error_text
+from binproto._http import (
+    CREDENTIAL_HEADERS,
+    HeaderFields,
+    KeptOnSecondSight,
+    error_body,
+)
 from binproto._parser import DEFAULT_LIMITS, check_arguments
 from binproto._util import (
     GATHER_BELOW,
@@ -742,7 +746,7 @@ def error_response(error: BaseException | str, status: int | None = None) -> Buf
         code = status if status is not None else error.status_hint
     else:
         code = status if status is not None else 400
-    payload = json.dumps({"error": error_text(error)}).encode()
+    payload = error_body(error)
     headers = [("content-type", "application/json"), ("content-length", str(len(payload)))]
     if code == 415:
         # Tell the client which content codings it may use instead (RFC 7694).
