@@ -536,6 +536,8 @@ class BodyReader:
         self._read_size = offers.read_size
         self.done = False  #: the whole body has been read
         self.failed: RemoteProtocolError | None = None  #: the fault that ended reading
+        # False once reading ended on the peer's close or on its stall.
+        self._may_send = True
 
     @property
     def in_place(self) -> bool:
@@ -554,6 +556,13 @@ class BodyReader:
     def remaining(self) -> int | None:
         """Body bytes still to come, when the body has a ``Content-Length``."""
         return self._remaining
+
+    @property
+    def may_still_send(self) -> bool:
+        """True when the peer may still be sending this body: it is not all
+        read, and reading did not end on the peer's close or a stall (it may
+        have ended on a fault in the body's framing)."""
+        return not self.done and self._may_send
 
     @property
     def awaits_continue(self) -> bool:
@@ -575,6 +584,7 @@ class BodyReader:
             raise
         except TimeoutError as exc:
             self.failed = _stalled(exc)
+            self._may_send = False
             raise
 
     async def _continue(self) -> None:
@@ -682,6 +692,7 @@ class BodyReader:
             n: int = await self._receive_into(view[: self._remaining])
         except TimeoutError as exc:
             self.failed = _stalled(exc)
+            self._may_send = False
             raise
         if not n:
             self.failed = self._closed()
@@ -692,6 +703,7 @@ class BodyReader:
         return n
 
     def _closed(self) -> RemoteProtocolError:
+        self._may_send = False  # (the peer closed its side)
         if self._remaining is None:
             return RemoteProtocolError("the peer closed the connection before the end of the body")
         return RemoteProtocolError(
@@ -1794,9 +1806,10 @@ class V2Server:
             framer.send(h11.EndOfMessage()),
         ]
         await stream.send_all([b for b in out if b])
-        if close and reader.failed is None and not reader.done:
+        if close and reader.may_still_send:
             # (A client waiting for 100 Continue reads the answer and closes;
-            # one that sent its body at once is drained.)
+            # one that sent its body at once is drained, as is one whose
+            # chunked framing h11 refused.)
             await self._linger(stream)
         return not close and framer.reusable
 

@@ -203,7 +203,18 @@ def test_a_tensor_claim_bigger_than_memory_is_refused_at_once(backend: str) -> N
     assert b"Connection: close" in received
 
 
-@pytest.mark.parametrize("how", ["plain", "expect-100", "head-too-big"])
+def _bad_chunk() -> bytes:
+    """A chunked request whose JSON header comes whole, then a malformed chunk size."""
+    header = bytes(binproto.encode_request({"x": np.zeros(1, np.uint8)}).buffers[0])
+    head = (
+        "POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n"
+        f"Inference-Header-Content-Length: {len(header)}\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    return head + b"%x\r\n" % len(header) + header + b"\r\nzz\r\n"
+
+
+@pytest.mark.parametrize("how", ["plain", "expect-100", "head-too-big", "bad-chunk"])
 def test_a_client_that_reads_only_once_it_has_sent_all_gets_the_refusal(
     backend: str, how: str
 ) -> None:
@@ -212,7 +223,8 @@ def test_a_client_that_reads_only_once_it_has_sent_all_gets_the_refusal(
     # at once, the connection would be reset under the client's sending
     # (ECONNRESET); kept half-open while it sends, it reads the answer. The
     # same for a client that says Expect: 100-continue and sends its body at
-    # once, and for a head refused whole (431) with a body after it.
+    # once, for a head refused whole (431) with a body after it, and for a
+    # fault h11 finds in a chunked body (a malformed chunk size, 400).
     size = 300 << 20
     app = V2Server(limits=binproto.Limits(max_body_bytes=1 << 20))
     head = _claiming(size)
@@ -220,12 +232,14 @@ def test_a_client_that_reads_only_once_it_has_sent_all_gets_the_refusal(
         head = head.replace(b"Host: x\r\n", b"Host: x\r\nExpect: 100-continue\r\n")
     elif how == "head-too-big":
         head = head.replace(b"Host: x\r\n", b"Host: x\r\nX-Pad: " + b"p" * 70_000 + b"\r\n")
+    elif how == "bad-chunk":
+        head = _bad_chunk()
     for running in serving(backend, app):
         with connect(running.port) as sock:
             sock.sendall(head)
             sock.sendall(bytes(size))
             received = read_all(sock)
-    status = b"431" if how == "head-too-big" else b"413"
+    status = {"head-too-big": b"431", "bad-chunk": b"400"}.get(how, b"413")
     assert received.startswith(b"HTTP/1.1 " + status), received[:200]
     assert b"Connection: close" in received
 
