@@ -483,3 +483,27 @@ def test_a_big_json_echo_peaks_under_12x_its_request() -> None:
         proc.wait(10)
     assert json.loads(got)["outputs"][0]["data"][:3] == json.loads(wire)["inputs"][0]["data"][:3]
     assert peak <= 12 * len(wire), peak / len(wire)
+
+
+def test_a_chunked_claim_past_the_limits_is_answered_at_once(backend: str) -> None:
+    # Known from the JSON header: answered 413 without waiting for the rest
+    # of the body (before, at the 30 s body timeout), then the lingering close.
+    app = V2Server(limits=binproto.Limits(max_body_bytes=1 << 20))
+    header = bytes(binproto.encode_request({"x": np.zeros(1, np.uint8)}).buffers[0])
+    size = 2 << 20
+    header = header.replace(b'"shape":[1]', f'"shape":[{size}]'.encode())
+    header = header.replace(b'"binary_data_size":1', f'"binary_data_size":{size}'.encode())
+    head = (
+        "POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n"
+        f"Inference-Header-Content-Length: {len(header)}\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    for running in serving(backend, app):
+        with connect(running.port) as sock:
+            sock.sendall(head + b"%x\r\n" % len(header) + header + b"\r\n")
+            sock.settimeout(10)  # (the body timeout is 30 s)
+            received = read_all(sock)  # the answer, then the server's end of sending
+            sock.sendall(bytes(1 << 16))  # the linger drains what comes yet
+    assert received.startswith(b"HTTP/1.1 413 "), received[:200]
+    assert b"Connection: close" in received
+    assert b"over the limit of 1048576 bytes" in received, received
