@@ -72,7 +72,7 @@ from binproto import (
 )
 from binproto._assemble import Destinations
 from binproto._compression import GZIP_AHEAD, check_gzip_size
-from binproto._http import CREDENTIAL_HEADERS, KeptOnSecondSight
+from binproto._http import CREDENTIAL_HEADERS, TE_IN_HTTP_1_0, KeptOnSecondSight
 from binproto._util import aligned_arrays, aligned_copy, whole_number
 from binproto._writer import response_start
 
@@ -120,6 +120,9 @@ log = logging.getLogger("binproto.server")
 
 #: Bytes asked of the stream per read when not receiving into a tensor.
 CHUNK = 1 << 16
+#: Longest line of a chunked request body (a chunk's size and extensions,
+#: with its CRLF) the server takes: a longer one is answered 431.
+MAX_CHUNK_LINE = 16 * 1024
 #: Largest request head (request line and headers) the server accepts.
 MAX_HEAD = 64 * 1024
 #: Most body bytes read and dropped after an error, so the client sees the answer.
@@ -471,6 +474,57 @@ def _stalled(exc: TimeoutError) -> RemoteProtocolError:
     return RemoteProtocolError(f"timed out waiting for the body{detail}", status_hint=408)
 
 
+_LF = re.compile(b"\n")
+_CHUNK_SIZE = re.compile(b"[0-9A-Fa-f]{1,20}")
+
+
+class ChunkLines:
+    """Measures the lines of a chunked body (each chunk's size and
+    extensions) as its bytes are read, and refuses one longer than
+    :data:`MAX_CHUNK_LINE` bytes with a 431, however the bytes arrive. h11
+    bounds only what it holds unfinished between two reads, so a long line
+    that came in one read was taken and the same line in two was refused.
+    The chunks' data is skipped by their sizes; h11 checks the framing
+    itself (after a line this cannot read, it stops measuring), and the
+    trailer's lines (within h11's bound of what it holds)."""
+
+    def __init__(self) -> None:
+        self._skip = 0  # chunk data still to pass, with the CRLF after it
+        self._line = 0  # bytes of the current line seen
+        self._start = bytearray()  # the current line's first bytes (its size)
+        self._done = False  # the last chunk's line is read: trailers are h11's
+
+    def feed(self, data: Any) -> None:
+        """Measure the next ``data`` of the body (bytes-like)."""
+        at, end = 0, len(data)
+        while at < end and not self._done:
+            if self._skip:
+                step = min(self._skip, end - at)
+                self._skip -= step
+                at += step
+                continue
+            found = _LF.search(data, at)
+            stop = end if found is None else found.end()
+            if len(self._start) < 32:
+                self._start += data[at : min(stop, at + 32 - len(self._start))]
+            self._line += stop - at
+            if self._line > MAX_CHUNK_LINE:
+                raise RemoteProtocolError(
+                    f"a line of the chunked body is longer than {MAX_CHUNK_LINE} bytes"
+                    " (a chunk's size and extensions)",
+                    status_hint=431,
+                )
+            at = stop
+            if found is not None:
+                size = _CHUNK_SIZE.match(self._start)
+                if size is None or int(size.group(), 16) == 0:
+                    self._done = True  # the last chunk, or h11 refuses the line
+                else:
+                    self._skip = int(size.group(), 16) + 2
+                self._line = 0
+                self._start.clear()
+
+
 class BodyReader:
     """Reads one message body from a stream and an ``h11.Connection``.
 
@@ -481,7 +535,8 @@ class BodyReader:
     so the next message starts a fresh ``h11.Connection`` with what was
     received past this body (:meth:`rest`). Then, with ``receive_in_place``
     and a stream that has ``receive_into``, ``read_into()`` receives into the
-    caller's memory. A chunked body goes through h11.
+    caller's memory. A chunked body goes through h11; with ``chunked``, its
+    lines are measured too (see :class:`ChunkLines`).
     """
 
     # (Class defaults: a server with no budget sets none of these per request.)
@@ -490,6 +545,9 @@ class BodyReader:
     #: The bytes this body holds of the budget (see :meth:`BodyBudget.claim`).
     claimed = 0
     _through_h11 = 0  # bytes of a chunked body read so far
+    # A chunked body's line measure, and the bytes it has yet to see first.
+    _lines: ChunkLines | None = None
+    _lines_ahead: tuple[Any, ...] = ()
 
     def __init__(
         self,
@@ -499,6 +557,7 @@ class BodyReader:
         *,
         receive_in_place: bool,
         ahead: Any = b"",
+        chunked: bool = False,
     ) -> None:
         self._stream = stream
         offers = capabilities(stream)
@@ -529,8 +588,12 @@ class BodyReader:
         if self.direct:
             held, self._ended = conn.trailing_data
             self._pending = held + bytes(ahead) if len(held) else ahead
-        elif len(ahead):
-            conn.receive_data(ahead)
+        else:
+            if chunked:  # (What h11 holds of the body: bytes pipelined behind the head.)
+                self._lines = ChunkLines()
+                self._lines_ahead = (conn.trailing_data[0], ahead)
+            if len(ahead):
+                conn.receive_data(ahead)
         self._taken = 0  # bytes of _pending handed out
         # Streams that buffer ahead may prefer larger reads of the body.
         self._read_size = offers.read_size
@@ -602,6 +665,12 @@ class BodyReader:
         if self.direct:
             return await self._read_direct(max_bytes)
         conn = self._conn
+        lines = self._lines
+        if lines is not None and self._lines_ahead:
+            # (Measured here, not at the head: a refusal is a fault of the body.)
+            ahead, self._lines_ahead = self._lines_ahead, ()
+            for data in ahead:
+                lines.feed(data)
         closed = False
         while True:
             try:
@@ -625,6 +694,8 @@ class BodyReader:
                 # The peer closed: the end of a response framed by the close
                 # (neither a length nor chunks), else a body cut short (h11 says).
                 closed = True
+            if lines is not None:
+                lines.feed(data)
             conn.receive_data(data)
 
     async def finish(self) -> None:
@@ -1554,6 +1625,9 @@ class V2Server:
                 raise RemoteProtocolError(
                     "a request may not carry both Content-Length and Transfer-Encoding"
                 )
+            if req.http_version == b"1.0" and "transfer-encoding" in fields:
+                # HTTP/1.0 has no Transfer-Encoding: the framing is faulty (RFC 9112, 6.1).
+                raise RemoteProtocolError(TE_IN_HTTP_1_0)
             length = content_length_of(fields)
         except RemoteProtocolError as exc:
             stream.timeout = timeouts.write
@@ -1561,7 +1635,14 @@ class V2Server:
             return None
         target = req.target.decode("latin-1")
         r = _route_of(target)
-        reader = BodyReader(stream, conn, length, receive_in_place=self.zero_copy, ahead=ahead)
+        reader = BodyReader(
+            stream,
+            conn,
+            length,
+            receive_in_place=self.zero_copy,
+            ahead=ahead,
+            chunked=length is None and "transfer-encoding" in fields,
+        )
         try:
             method = req.method.decode("latin-1")
             if (

@@ -24,6 +24,7 @@ __all__ = [
     "MAX_ERROR_BODY",
     "MAX_ERROR_TEXT",
     "SEEN_PER_KEPT",
+    "TE_IN_HTTP_1_0",
     "BodyClaims",
     "HeaderFields",
     "Headers",
@@ -494,6 +495,14 @@ def preferred_encoding(accept_encoding: str | None) -> str | None:
     if gzip > 0 and gzip >= deflate:
         return "gzip"
     return "deflate" if deflate > 0 else None
+
+
+#: The refusal of an HTTP/1.0 request with Transfer-Encoding (RFC 9112,
+#: section 6.1: a server must take its framing as faulty, answer 400 and close).
+TE_IN_HTTP_1_0 = (
+    "an HTTP/1.0 request may not carry Transfer-Encoding: its framing is faulty"
+    " (RFC 9112, section 6.1)"
+)
 
 
 #: Most characters of an error message an error response carries (beside the
