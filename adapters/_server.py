@@ -72,7 +72,7 @@ from binproto import (
 )
 from binproto._assemble import Destinations
 from binproto._compression import GZIP_AHEAD, check_gzip_size
-from binproto._http import CREDENTIAL_HEADERS, SLOW_HEADER, KeptOnSecondSight
+from binproto._http import CREDENTIAL_HEADERS, SLOW_HEADER, TE_IN_HTTP_1_0, KeptOnSecondSight
 from binproto._parser import DEFAULT_LIMITS
 from binproto._util import aligned_arrays, aligned_copy, whole_number
 from binproto._writer import response_start
@@ -121,6 +121,9 @@ log = logging.getLogger("binproto.server")
 
 #: Bytes asked of the stream per read when not receiving into a tensor.
 CHUNK = 1 << 16
+#: Longest line of a chunked request body (a chunk's size and extensions,
+#: with its CRLF) the server takes: a longer one is answered 431.
+MAX_CHUNK_LINE = 16 * 1024
 #: Largest request head (request line and headers) the server accepts.
 MAX_HEAD = 64 * 1024
 #: Most body bytes read and dropped after an error, so the client sees the answer.
@@ -495,6 +498,57 @@ def _stalled(exc: TimeoutError) -> RemoteProtocolError:
     return RemoteProtocolError(f"timed out waiting for the body{detail}", status_hint=408)
 
 
+_LF = re.compile(b"\n")
+_CHUNK_SIZE = re.compile(b"[0-9A-Fa-f]{1,20}")
+
+
+class ChunkLines:
+    """Measures the lines of a chunked body (each chunk's size and
+    extensions) as its bytes are read, and refuses one longer than
+    :data:`MAX_CHUNK_LINE` bytes with a 431, however the bytes arrive. h11
+    bounds only what it holds unfinished between two reads, so a long line
+    that came in one read was taken and the same line in two was refused.
+    The chunks' data is skipped by their sizes; h11 checks the framing
+    itself (after a line this cannot read, it stops measuring), and the
+    trailer's lines (within h11's bound of what it holds)."""
+
+    def __init__(self) -> None:
+        self._skip = 0  # chunk data still to pass, with the CRLF after it
+        self._line = 0  # bytes of the current line seen
+        self._start = bytearray()  # the current line's first bytes (its size)
+        self._done = False  # the last chunk's line is read: trailers are h11's
+
+    def feed(self, data: Any) -> None:
+        """Measure the next ``data`` of the body (bytes-like)."""
+        at, end = 0, len(data)
+        while at < end and not self._done:
+            if self._skip:
+                step = min(self._skip, end - at)
+                self._skip -= step
+                at += step
+                continue
+            found = _LF.search(data, at)
+            stop = end if found is None else found.end()
+            if len(self._start) < 32:
+                self._start += data[at : min(stop, at + 32 - len(self._start))]
+            self._line += stop - at
+            if self._line > MAX_CHUNK_LINE:
+                raise RemoteProtocolError(
+                    f"a line of the chunked body is longer than {MAX_CHUNK_LINE} bytes"
+                    " (a chunk's size and extensions)",
+                    status_hint=431,
+                )
+            at = stop
+            if found is not None:
+                size = _CHUNK_SIZE.match(self._start)
+                if size is None or int(size.group(), 16) == 0:
+                    self._done = True  # the last chunk, or h11 refuses the line
+                else:
+                    self._skip = int(size.group(), 16) + 2
+                self._line = 0
+                self._start.clear()
+
+
 class BodyReader:
     """Reads one message body from a stream and an ``h11.Connection``.
 
@@ -505,7 +559,8 @@ class BodyReader:
     so the next message starts a fresh ``h11.Connection`` with what was
     received past this body (:meth:`rest`). Then, with ``receive_in_place``
     and a stream that has ``receive_into``, ``read_into()`` receives into the
-    caller's memory. A chunked body goes through h11.
+    caller's memory. A chunked body goes through h11; with ``chunked``, its
+    lines are measured too (see :class:`ChunkLines`).
     """
 
     # (Class defaults: a server with no budget sets none of these per request.)
@@ -514,6 +569,9 @@ class BodyReader:
     #: The bytes this body holds of the budget (see :meth:`BodyBudget.claim`).
     claimed = 0
     _through_h11 = 0  # bytes of a chunked body read so far
+    # A chunked body's line measure, and the bytes it has yet to see first.
+    _lines: ChunkLines | None = None
+    _lines_ahead: tuple[Any, ...] = ()
 
     def __init__(
         self,
@@ -523,6 +581,7 @@ class BodyReader:
         *,
         receive_in_place: bool,
         ahead: Any = b"",
+        chunked: bool = False,
     ) -> None:
         self._stream = stream
         offers = capabilities(stream)
@@ -553,13 +612,19 @@ class BodyReader:
         if self.direct:
             held, self._ended = conn.trailing_data
             self._pending = held + bytes(ahead) if len(held) else ahead
-        elif len(ahead):
-            conn.receive_data(ahead)
+        else:
+            if chunked:  # (What h11 holds of the body: bytes pipelined behind the head.)
+                self._lines = ChunkLines()
+                self._lines_ahead = (conn.trailing_data[0], ahead)
+            if len(ahead):
+                conn.receive_data(ahead)
         self._taken = 0  # bytes of _pending handed out
         # Streams that buffer ahead may prefer larger reads of the body.
         self._read_size = offers.read_size
         self.done = False  #: the whole body has been read
         self.failed: RemoteProtocolError | None = None  #: the fault that ended reading
+        # False once reading ended on the peer's close or on its stall.
+        self._may_send = True
 
     @property
     def in_place(self) -> bool:
@@ -578,6 +643,13 @@ class BodyReader:
     def remaining(self) -> int | None:
         """Body bytes still to come, when the body has a ``Content-Length``."""
         return self._remaining
+
+    @property
+    def may_still_send(self) -> bool:
+        """True when the peer may still be sending this body: it is not all
+        read, and reading did not end on the peer's close or a stall (it may
+        have ended on a fault in the body's framing)."""
+        return not self.done and self._may_send
 
     @property
     def awaits_continue(self) -> bool:
@@ -599,6 +671,7 @@ class BodyReader:
             raise
         except TimeoutError as exc:
             self.failed = _stalled(exc)
+            self._may_send = False
             raise
 
     async def _continue(self) -> None:
@@ -616,6 +689,12 @@ class BodyReader:
         if self.direct:
             return await self._read_direct(max_bytes)
         conn = self._conn
+        lines = self._lines
+        if lines is not None and self._lines_ahead:
+            # (Measured here, not at the head: a refusal is a fault of the body.)
+            ahead, self._lines_ahead = self._lines_ahead, ()
+            for data in ahead:
+                lines.feed(data)
         closed = False
         while True:
             try:
@@ -639,6 +718,8 @@ class BodyReader:
                 # The peer closed: the end of a response framed by the close
                 # (neither a length nor chunks), else a body cut short (h11 says).
                 closed = True
+            if lines is not None:
+                lines.feed(data)
             conn.receive_data(data)
 
     async def finish(self) -> None:
@@ -706,6 +787,7 @@ class BodyReader:
             n: int = await self._receive_into(view[: self._remaining])
         except TimeoutError as exc:
             self.failed = _stalled(exc)
+            self._may_send = False
             raise
         if not n:
             self.failed = self._closed()
@@ -716,6 +798,7 @@ class BodyReader:
         return n
 
     def _closed(self) -> RemoteProtocolError:
+        self._may_send = False  # (the peer closed its side)
         if self._remaining is None:
             return RemoteProtocolError("the peer closed the connection before the end of the body")
         return RemoteProtocolError(
@@ -1568,6 +1651,9 @@ class V2Server:
                 raise RemoteProtocolError(
                     "a request may not carry both Content-Length and Transfer-Encoding"
                 )
+            if req.http_version == b"1.0" and "transfer-encoding" in fields:
+                # HTTP/1.0 has no Transfer-Encoding: the framing is faulty (RFC 9112, 6.1).
+                raise RemoteProtocolError(TE_IN_HTTP_1_0)
             length = content_length_of(fields)
         except RemoteProtocolError as exc:
             stream.timeout = timeouts.write
@@ -1575,7 +1661,14 @@ class V2Server:
             return None
         target = req.target.decode("latin-1")
         r = _route_of(target)
-        reader = BodyReader(stream, conn, length, receive_in_place=self.zero_copy, ahead=ahead)
+        reader = BodyReader(
+            stream,
+            conn,
+            length,
+            receive_in_place=self.zero_copy,
+            ahead=ahead,
+            chunked=length is None and "transfer-encoding" in fields,
+        )
         try:
             method = req.method.decode("latin-1")
             if (
@@ -1815,7 +1908,13 @@ class V2Server:
         # A client still sending its body would not see the answer if the
         # server closed now; read the rest (within bounds) and keep the
         # connection, or say it closes.
-        close = not await self._discard(reader)
+        # A chunked body refused for what its header claims is not read for
+        # the answer: no length says how much is to come, and a client that
+        # waits would get the 413 only at the body timeout. (A client still
+        # sending is drained by the lingering close.)
+        status = exc.status if isinstance(exc, InferenceError) else exc.status_hint
+        refused_claim = status == 413 and reader.remaining is None
+        close = refused_claim or not await self._discard(reader)
         stream.timeout = timeouts.write
         if close:
             head = _closing(head)
@@ -1825,9 +1924,10 @@ class V2Server:
             framer.send(h11.EndOfMessage()),
         ]
         await stream.send_all([b for b in out if b])
-        if close and reader.failed is None and not reader.done:
+        if close and reader.may_still_send:
             # (A client waiting for 100 Continue reads the answer and closes;
-            # one that sent its body at once is drained.)
+            # one that sent its body at once is drained, as is one whose
+            # chunked framing h11 refused.)
             await self._linger(stream)
         return not close and framer.reusable
 

@@ -32,7 +32,6 @@ that much extra per message.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 from collections.abc import (
@@ -71,7 +70,13 @@ from binproto._compression import (
     normalize_encoding,
 )
 from binproto._decode import _decode_plain
-from binproto._http import CREDENTIAL_HEADERS, HeaderFields, KeptOnSecondSight, error_text
+from binproto._http import (
+    CREDENTIAL_HEADERS,
+    TE_IN_HTTP_1_0,
+    HeaderFields,
+    KeptOnSecondSight,
+    error_body,
+)
 from binproto._parser import DEFAULT_LIMITS, check_arguments
 from binproto._util import (
     GATHER_BELOW,
@@ -211,6 +216,16 @@ def _scope_fields(scope: Scope) -> HeaderFields:
     return fields
 
 
+def _request_fields(scope: Scope) -> HeaderFields:
+    """The request's header fields; a :class:`binproto.RemoteProtocolError`
+    for an HTTP/1.0 request with ``Transfer-Encoding`` (RFC 9112, section
+    6.1: its framing is faulty, whatever the ASGI server made of it)."""
+    fields = _scope_fields(scope)
+    if scope.get("http_version") == "1.0" and "transfer-encoding" in fields:
+        raise RemoteProtocolError(TE_IN_HTTP_1_0)
+    return fields
+
+
 def parser_from_scope(
     scope: Scope,
     *,
@@ -225,11 +240,13 @@ def parser_from_scope(
     ``scope["headers"]``; ``raw_input`` is the model's one input, which a raw
     binary request's body stands for (see :class:`binproto.Parser`). Raises
     :class:`binproto.RemoteProtocolError` for bad values of those headers (a
-    content encoding binproto cannot decode has status hint 415).
+    content encoding binproto cannot decode has status hint 415), and for an
+    HTTP/1.0 request with ``Transfer-Encoding`` (a faulty framing, RFC 9112
+    section 6.1: answer 400 and close).
     """
     return binproto.parser_from_headers(
         "request",
-        _scope_fields(scope),
+        _request_fields(scope),
         limits=limits,
         strict_bool=strict_bool,
         raw_input=raw_input,
@@ -393,7 +410,7 @@ async def read_request(
     model's one input, which a raw binary request's body stands for
     (``Inference-Header-Content-Length: 0``; refused without it).
     """
-    claims = binproto.body_claims(_scope_fields(scope))
+    claims = binproto.body_claims(_request_fields(scope))
     check_arguments("request", claims.header_length, claims.content_length, limits, raw_input)
     limits = limits if limits is not None else DEFAULT_LIMITS
     # The head's claims are checked before the first receive (see iter_events).
@@ -763,7 +780,7 @@ def error_response(error: BaseException | str, status: int | None = None) -> Buf
         code = status if status is not None else error.status_hint
     else:
         code = status if status is not None else 400
-    payload = json.dumps({"error": error_text(error)}).encode()
+    payload = error_body(error)
     headers = [("content-type", "application/json"), ("content-length", str(len(payload)))]
     if code == 415:
         # Tell the client which content codings it may use instead (RFC 7694).

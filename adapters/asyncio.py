@@ -40,7 +40,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import logging
 import socket
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
@@ -82,6 +85,9 @@ __all__ = [
     "serve",
     "start_server",
 ]
+
+log = logging.getLogger("binproto.server")
+
 
 #: Bytes in the transport's write buffer above which a writer waits.
 HIGH_WATER = 1 << 20
@@ -536,13 +542,19 @@ async def _write_all(
 ) -> None:
     """Write ``buffers`` (small ones gathered into one write, big ones never
     joined), waiting for the transport to drain above :data:`HIGH_WATER`."""
-    for buf in gather_small(buffers):
-        if transport.is_closing():
-            raise ConnectionResetError("the connection is closed")
-        transport.write(buf)
-        if transport.get_write_buffer_size() > HIGH_WATER:
-            await drain()
-    await drain()
+    try:
+        for buf in gather_small(buffers):
+            if transport.is_closing():
+                raise ConnectionResetError("the connection is closed")
+            transport.write(buf)
+            if transport.get_write_buffer_size() > HIGH_WATER:
+                await drain()
+        await drain()
+    except TimeoutError:
+        # The peer stopped reading: drop the connection now. A graceful close
+        # would wait the write timeout once more for it to take what is buffered.
+        transport.abort()
+        raise
 
 
 class BufferedStream(_WorkerThreads):
@@ -659,6 +671,117 @@ class SocketStream(_ReceiveInto):
         return True  # a byte, or b"" at the end of the stream
 
 
+#: Seconds the server stops accepting when the process is out of file
+#: descriptors (trio's serve_listeners waits as long).
+ACCEPT_RETRY = 0.1
+
+#: Seconds between two warnings of a shortage of descriptors.
+SHORTAGE_LOG_EVERY = 60.0
+
+# What accept() says when the process or the system is out of descriptors
+# or memory: nothing to do but wait for a connection to close.
+_SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+# Connections accepted per wake-up of a listening socket.
+_ACCEPTS_PER_WAKE = 128
+
+
+class _Acceptor:
+    """Accepts the connections of one listening socket of ``server`` in
+    place of asyncio's selector loops, which retry at once when accept()
+    runs out of descriptors: once per queued connection, each retry with a
+    logged traceback (the loop spins, and the log grows by megabytes a
+    second). Here a shortage stops accepting for :data:`ACCEPT_RETRY`
+    seconds and is logged at most once per :data:`SHORTAGE_LOG_EVERY`."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        server: asyncio.Server,
+        listener: Any,
+        factory: Callable[[], asyncio.BaseProtocol],
+        tasks: set[asyncio.Task[Any]],
+    ) -> None:
+        self._loop = loop
+        self._server = server
+        self._fd: int = listener.fileno()
+        self._kind = (listener.family, listener.type, listener.proto)
+        self._factory = factory
+        self._tasks = tasks
+        self._warned_at: float | None = None
+
+    def start(self) -> None:
+        """Watch the listening socket with :meth:`_ready` instead of asyncio."""
+        self._loop.remove_reader(self._fd)
+        self._loop.add_reader(self._fd, self._ready)
+
+    def _accept(self) -> tuple[socket.socket, Any]:
+        # A socket object over the server's descriptor for one call, detached
+        # after it: the server's own socket object owns (and closes) the descriptor.
+        family, kind, proto = self._kind
+        listener = socket.socket(family, kind, proto, fileno=self._fd)
+        try:
+            return listener.accept()
+        finally:
+            listener.detach()
+
+    def _ready(self) -> None:
+        for _ in range(_ACCEPTS_PER_WAKE):
+            try:
+                conn, _ = self._accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as exc:
+                if exc.errno in _SHORTAGE:
+                    self._rest(exc)
+                else:
+                    log.warning("accept failed: %s", exc)
+                return
+            conn.setblocking(False)
+            task = self._loop.create_task(self._connect(conn))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _connect(self, conn: socket.socket) -> None:
+        try:
+            await self._loop.connect_accepted_socket(self._factory, conn)
+        except Exception:  # (the peer gone already, say: nothing to serve)
+            log.debug("could not set up an accepted connection", exc_info=True)
+            conn.close()
+
+    def _rest(self, exc: OSError) -> None:
+        now = time.monotonic()
+        if self._warned_at is None or now - self._warned_at >= SHORTAGE_LOG_EVERY:
+            self._warned_at = now
+            log.warning(
+                "cannot accept connections: %s; retrying every %s s until one closes"
+                " (raise the limit on open files: ulimit -n)",
+                exc,
+                ACCEPT_RETRY,
+            )
+        self._loop.remove_reader(self._fd)
+        self._loop.call_later(ACCEPT_RETRY, self._resume)
+
+    def _resume(self) -> None:
+        # (A closed server's descriptor may be another socket's by now.)
+        if self._server.is_serving():
+            self._loop.add_reader(self._fd, self._ready)
+
+
+def _accept_with_backoff(
+    server: asyncio.Server, factory: Callable[[], asyncio.BaseProtocol]
+) -> None:
+    """Accept ``server``'s connections with an :class:`_Acceptor` per
+    listening socket, on asyncio's selector loops (uvloop and the proactor
+    loop accept on their own, and back off)."""
+    loop = asyncio.get_running_loop()
+    if not isinstance(loop, asyncio.SelectorEventLoop):
+        return
+    tasks: set[asyncio.Task[Any]] = set()
+    for listener in server.sockets:
+        _Acceptor(loop, server, listener, factory, tasks).start()
+
+
 # The connection tasks of each server start_server made (see close_server).
 _CONNECTIONS: weakref.WeakKeyDictionary[asyncio.Server, set[asyncio.Task[None]]] = (
     weakref.WeakKeyDictionary()
@@ -698,9 +821,12 @@ async def start_server(
     if zero_copy:
         loop = asyncio.get_running_loop()
         buffers = _ReceiveBuffers(KEPT_RECEIVE_BUFFERS)
-        srv = await loop.create_server(
-            lambda: _ReceiveProtocol(spawn, timeout, buffers), host, port, backlog=BACKLOG
-        )
+
+        def protocol() -> asyncio.BaseProtocol:
+            return _ReceiveProtocol(spawn, timeout, buffers)
+
+        srv = await loop.create_server(protocol, host, port, backlog=BACKLOG)
+        _accept_with_backoff(srv, protocol)
     else:
 
         async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -715,6 +841,12 @@ async def start_server(
                 pass
 
         srv = await asyncio.start_server(on_client, host, port, limit=STREAM_LIMIT, backlog=BACKLOG)
+
+        def streams() -> asyncio.BaseProtocol:
+            reader = asyncio.StreamReader(limit=STREAM_LIMIT)
+            return asyncio.StreamReaderProtocol(reader, on_client)
+
+        _accept_with_backoff(srv, streams)
     _CONNECTIONS[srv] = tasks
     return srv
 

@@ -50,7 +50,7 @@ from binproto import (
     RemoteProtocolError,
 )
 from binproto._header import Kind
-from binproto._http import HeaderFields, content_length_from, error_text
+from binproto._http import HeaderFields, content_length_from, error_body
 from binproto._util import as_byte_view, whole_number
 
 if TYPE_CHECKING:
@@ -509,7 +509,7 @@ def error_response(
         code = status if status is not None else error.status_hint
     else:
         code = status if status is not None else 400
-    payload = json.dumps({"error": error_text(error)}).encode()
+    payload = error_body(error)
     headers = [("Content-Type", "application/json"), ("Content-Length", str(len(payload)))]
     if code == 503:  # busy, not broken: say when to come back
         headers.append(("Retry-After", "1"))

@@ -35,8 +35,10 @@ Client::
 from __future__ import annotations
 
 import errno
+import logging
 import math
 import os
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -85,6 +87,17 @@ __all__ = [
 
 
 _T = TypeVar("_T")
+
+log = logging.getLogger("binproto.server")
+
+#: Seconds the server stops accepting when the process is out of file
+#: descriptors (as trio's serve_listeners).
+ACCEPT_RETRY = 0.1
+#: Seconds between two warnings of a shortage of descriptors.
+SHORTAGE_LOG_EVERY = 60.0
+# What accept() says when the process or the system is out of descriptors
+# or memory: nothing to do but wait for a connection to close.
+_SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 class TrioStream:
@@ -331,7 +344,48 @@ async def serve(
     if ready is not None:
         ready(bound)
     task_status.started(bound)
-    await trio.serve_listeners(handler, listeners)
+    await _serve_listeners(handler, listeners)
+
+
+async def _serve_listeners(
+    handler: Callable[[trio.abc.Stream], Awaitable[None]],
+    listeners: Sequence[trio.SocketListener],
+) -> None:
+    """What ``trio.serve_listeners`` does, but a shortage of descriptors is
+    logged at most once per :data:`SHORTAGE_LOG_EVERY` seconds (trio logs
+    each retry, with a traceback: ten a second while it lasts)."""
+    warned: list[float] = []
+
+    async def run(stream: trio.abc.Stream) -> None:
+        try:
+            await handler(stream)
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async def accept_from(listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        async with listener:
+            while True:
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:
+                    if exc.errno not in _SHORTAGE:
+                        raise
+                    now = time.monotonic()
+                    if not warned or now - warned[0] >= SHORTAGE_LOG_EVERY:
+                        warned[:] = [now]
+                        log.warning(
+                            "cannot accept connections: %s; retrying every %s s until one"
+                            " closes (raise the limit on open files: ulimit -n)",
+                            exc,
+                            ACCEPT_RETRY,
+                        )
+                    await trio.sleep(ACCEPT_RETRY)
+                    continue
+                nursery.start_soon(run, stream)
+
+    async with trio.open_nursery() as nursery:
+        for listener in listeners:
+            nursery.start_soon(accept_from, listener, nursery)
 
 
 async def connect(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import re
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Generic, NamedTuple, TypeVar
@@ -20,8 +21,10 @@ __all__ = [
     "CONTENT_ENCODING_NAME",
     "CREDENTIAL_HEADERS",
     "HEADER_LENGTH_NAME",
+    "MAX_ERROR_BODY",
     "MAX_ERROR_TEXT",
     "SEEN_PER_KEPT",
+    "TE_IN_HTTP_1_0",
     "BodyClaims",
     "HeaderFields",
     "Headers",
@@ -29,6 +32,7 @@ __all__ = [
     "body_claims",
     "content_encoding_from",
     "content_length_from",
+    "error_body",
     "error_text",
     "header_length_from",
     "header_value",
@@ -521,6 +525,14 @@ def preferred_encoding(accept_encoding: str | None) -> str | None:
     return "deflate" if deflate > 0 else None
 
 
+#: The refusal of an HTTP/1.0 request with Transfer-Encoding (RFC 9112,
+#: section 6.1: a server must take its framing as faulty, answer 400 and close).
+TE_IN_HTTP_1_0 = (
+    "an HTTP/1.0 request may not carry Transfer-Encoding: its framing is faulty"
+    " (RFC 9112, section 6.1)"
+)
+
+
 #: Most characters of an error message an error response carries (beside the
 #: byte offset): a message quoting the peer's bytes quotes at most this much.
 MAX_ERROR_TEXT = 1024
@@ -538,6 +550,18 @@ def _as_text(match: re.Match[str]) -> str:
     return repr(bytes(data).decode("utf-8", "backslashreplace")[: MAX_ERROR_TEXT + 1])
 
 
+def _message(error: BaseException | str) -> tuple[str, str]:
+    """``error``'s message, with the peer's bytes as text, and the byte offset
+    to say after it (or "")."""
+    offset = None
+    if isinstance(error, ProtocolError):
+        text, offset = error.msg, error.offset
+    else:
+        text = str(error)
+    text = _BYTES_REPR.sub(_as_text, text)
+    return text, "" if offset is None else f" (at byte {offset})"
+
+
 def error_text(error: BaseException | str) -> str:
     """The message of an error response for ``error``.
 
@@ -546,12 +570,43 @@ def error_text(error: BaseException | str) -> str:
     an answer never echoes more than that of the peer's bytes. A
     :class:`ProtocolError`'s byte offset is kept.
     """
-    offset = None
-    if isinstance(error, ProtocolError):
-        text, offset = error.msg, error.offset
-    else:
-        text = str(error)
-    text = _BYTES_REPR.sub(_as_text, text)
+    text, at = _message(error)
     if len(text) > MAX_ERROR_TEXT:
         text = f"{text[:MAX_ERROR_TEXT]}... (cut at {MAX_ERROR_TEXT} characters)"
-    return text if offset is None else f"{text} (at byte {offset})"
+    return text + at
+
+
+#: Most bytes of an error response's body, ``{"error": "..."}`` as sent.
+MAX_ERROR_BODY = 1024
+
+
+def _error_json(text: str) -> bytes:
+    # UTF-8, not ASCII escapes: a non-ASCII character takes 2-4 bytes, not 6-12.
+    return json.dumps({"error": text}, ensure_ascii=False).encode()
+
+
+def error_body(error: BaseException | str) -> bytes:
+    """The body of a V2 error response for ``error``: ``{"error": "..."}``,
+    UTF-8 JSON of at most :data:`MAX_ERROR_BODY` bytes.
+
+    The message is :func:`error_text`'s. When its JSON would be longer, the
+    message is cut to fit, says so, and keeps the byte offset.
+    """
+    text, at = _message(error)
+    # (No more characters than bytes fit. A lone surrogate has no UTF-8:
+    # it is written as its escape, in text.)
+    text = text[: MAX_ERROR_BODY + 1].encode("utf-8", "backslashreplace").decode("utf-8")
+    body = _error_json(text + at)
+    if len(body) <= MAX_ERROR_BODY:
+        return body
+    cut = f"... (cut to fit {MAX_ERROR_BODY} bytes)" + at
+    # The longest head of the message that fits with the note (a JSON string
+    # grows with its text: a binary search).
+    lo, hi = 0, len(text)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(_error_json(text[:mid] + cut)) <= MAX_ERROR_BODY:
+            lo = mid
+        else:
+            hi = mid - 1
+    return _error_json(text[:lo] + cut)

@@ -183,6 +183,11 @@ class Parser:
         )
         # The decompressed body's length, when known before parsing.
         self._body_length = content_length if encoding is None else None
+        # Body bytes still to come, when that is known; bytes received past
+        # them are held back as a fault raised once the body's events are out
+        # (so the events before it are the same for every chunking).
+        self._room = self._body_length
+        self._past_end: RemoteProtocolError | None = None
         self._raw_input = raw_input if header_length == 0 else None
         if self._raw_input is not None:
             self._check_raw_input(self._raw_input, kind)
@@ -275,18 +280,40 @@ class Parser:
         After MessageComplete, ``b""`` is accepted and does nothing. Raises
         :class:`LocalProtocolError` after the end of the body or an error, and
         :class:`RemoteProtocolError` for bytes after a complete message.
+        Bytes past ``content_length`` that come with the body's last ones are
+        held back: the body's events come first, MessageComplete included,
+        and the next call (this one or :meth:`next_event`) raises the fault.
+        So the events before it are the same for every chunking.
         """
         data = as_byte_view(data)
         queue = self._queue
         if self._reader is None or queue.input_ended or not data:
             self._receive_edge(data)  # the end mark, or anything after the end
-        else:
-            queue.append(data)
+            return
+        room = self._room
+        if room is not None:
+            if len(data) > room:
+                # Past content_length: the body's bytes are parsed first, as
+                # when the rest comes in a later call.
+                self._past_end = self._additional_data(self._body_length or 0)
+                data = data[:room]
+            self._room = room - len(data)
+            if not data:
+                return
+        queue.append(data)
+
+    @staticmethod
+    def _additional_data(offset: int) -> RemoteProtocolError:
+        return RemoteProtocolError(
+            "unexpected additional input data after the end of the message", offset=offset
+        )
 
     def _receive_edge(self, data: memoryview) -> None:
         state = self._state
         if state is _ERROR:
             raise LocalProtocolError("cannot receive data: the parser is in the ERROR state")
+        if state is _DONE and self._past_end is not None:
+            self._fail(self._past_end)  # (received with the body's last bytes)
         if not data and state is _DONE:
             return  # the end of a body already complete
         if self._queue.input_ended:
@@ -294,12 +321,7 @@ class Parser:
         if not data:
             self._queue.end()
         else:  # DONE, ended by content_length
-            self._fail(
-                RemoteProtocolError(
-                    "unexpected additional input data after the end of the message",
-                    offset=self.bytes_parsed,
-                )
-            )
+            self._fail(self._additional_data(self.bytes_parsed))
 
     # -- output -----------------------------------------------------------------
 
@@ -312,6 +334,8 @@ class Parser:
         reader = self._reader
         if reader is None:
             if self._state is _DONE:
+                if self._past_end is not None:
+                    self._fail(self._past_end)
                 raise LocalProtocolError("no more events: the message is complete")
             raise LocalProtocolError(
                 "no more events: the parser is in the ERROR state"

@@ -93,6 +93,26 @@ def test_read_request_any_chunking(size: int) -> None:
     assert msg.header.kind == "request"
 
 
+@pytest.mark.parametrize("version", ["1.0", "1.1"])
+def test_http_1_0_with_transfer_encoding_is_refused(version: str) -> None:
+    # RFC 9112, section 6.1: HTTP/1.0 has no Transfer-Encoding, so the
+    # framing is faulty, whatever the ASGI server made of it.
+    body, data = encoded()
+    scope = scope_for([*body.headers, ("Transfer-Encoding", "chunked")])
+    scope["http_version"] = version
+    if version == "1.1":  # (the same request over HTTP/1.1 is taken)
+        check_decoded(asyncio.run(asgi.read_request(scope, receiver([data]))))
+        asgi.parser_from_scope(scope)
+        return
+    with pytest.raises(
+        binproto.RemoteProtocolError, match=r"HTTP/1\.0 request may not carry"
+    ) as info:
+        asyncio.run(asgi.read_request(scope, receiver([data])))
+    assert info.value.status_hint == 400
+    with pytest.raises(binproto.RemoteProtocolError, match=r"HTTP/1\.0 request may not carry"):
+        asgi.parser_from_scope(scope)
+
+
 @settings(max_examples=30, deadline=None)
 @given(st.lists(st.integers(min_value=1, max_value=4000), max_size=6))
 def test_read_request_hypothesis_splits(cuts: list[int]) -> None:

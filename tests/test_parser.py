@@ -28,7 +28,15 @@ from binproto import (
     TensorComplete,
 )
 
-from .helpers import assert_same_everywhere, bytes_tensor, make_body, run, split
+from .helpers import (
+    assert_same_everywhere,
+    bytes_tensor,
+    chunkings,
+    make_body,
+    normalize,
+    run,
+    split,
+)
 
 # -- spec examples -----------------------------------------------------------------
 
@@ -680,9 +688,53 @@ def test_bytes_after_the_end_say_the_same_whenever_they_arrive() -> None:
             for chunk in chunks:
                 p.receive_data(chunk)
                 list(p.events())
+            p.receive_data(b"")  # (the end: bytes that came with the body's last are raised)
         assert info.value.offset == len(body)
         messages.add(info.value.msg)
     assert messages == {"unexpected additional input data after the end of the message"}
+
+
+@pytest.mark.parametrize("extra", [b"!", b"!" * 40], ids=["one", "forty"])
+def test_bytes_past_content_length_give_the_same_events_first_in_every_chunking(
+    extra: bytes,
+) -> None:
+    # The body's events come out whole, its end included, then the fault:
+    # as when the extra bytes arrive in a later receive_data, whatever the
+    # chunking (a whole chunk once stopped short of MessageComplete).
+    header = {"inputs": [
+        {"name": "x", "shape": [3], "datatype": "INT8", "parameters": {"binary_data_size": 3}},
+        {"name": "y", "shape": [2], "datatype": "INT8", "parameters": {"binary_data_size": 2}},
+    ]}  # fmt: skip
+    body, hl = make_body(header, b"\x01\x02\x03", b"\x04\x05")
+    outcomes = set()
+    for chunks in chunkings(body + extra):
+        parser = Parser("request", header_length=hl, content_length=len(body))
+        events: list[binproto.Event] = []
+        with pytest.raises(RemoteProtocolError) as info:
+            for chunk in chunks:
+                parser.receive_data(chunk)
+                events.extend(parser.events())
+            parser.receive_data(b"")
+        assert parser.state is binproto.ParserState.ERROR
+        outcomes.add((normalize(events), info.value.msg, info.value.offset))
+    assert len(outcomes) == 1
+    ((events_seen, msg, offset),) = outcomes
+    assert events_seen[-1] == ("end",) and len(events_seen) == 4
+    assert msg == "unexpected additional input data after the end of the message"
+    assert offset == len(body)
+
+
+def test_bytes_past_content_length_are_raised_by_the_next_call_after_the_end() -> None:
+    header = {"inputs": [{"name": "x", "shape": [1], "datatype": "INT8",
+                          "parameters": {"binary_data_size": 1}}]}  # fmt: skip
+    body, hl = make_body(header, b"\x07")
+    parser = Parser("request", header_length=hl, content_length=len(body))
+    parser.receive_data(body + b"!")
+    assert [type(e) for e in parser.events()][-1] is binproto.MessageComplete
+    with pytest.raises(RemoteProtocolError, match="additional input data"):
+        parser.next_event()
+    with pytest.raises(LocalProtocolError):
+        parser.receive_data(b"")
 
 
 def test_json_errors_name_the_kind() -> None:

@@ -126,7 +126,18 @@ def test_a_tensor_claim_bigger_than_memory_is_refused_at_once(backend: str) -> N
     assert b"Connection: close" in received
 
 
-@pytest.mark.parametrize("how", ["plain", "expect-100", "head-too-big"])
+def _bad_chunk() -> bytes:
+    """A chunked request whose JSON header comes whole, then a malformed chunk size."""
+    header = bytes(binproto.encode_request({"x": np.zeros(1, np.uint8)}).buffers[0])
+    head = (
+        "POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n"
+        f"Inference-Header-Content-Length: {len(header)}\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    return head + b"%x\r\n" % len(header) + header + b"\r\nzz\r\n"
+
+
+@pytest.mark.parametrize("how", ["plain", "expect-100", "head-too-big", "bad-chunk"])
 def test_a_client_that_reads_only_once_it_has_sent_all_gets_the_refusal(
     backend: str, how: str
 ) -> None:
@@ -135,7 +146,8 @@ def test_a_client_that_reads_only_once_it_has_sent_all_gets_the_refusal(
     # at once, the connection would be reset under the client's sending
     # (ECONNRESET); kept half-open while it sends, it reads the answer. The
     # same for a client that says Expect: 100-continue and sends its body at
-    # once, and for a head refused whole (431) with a body after it.
+    # once, for a head refused whole (431) with a body after it, and for a
+    # fault h11 finds in a chunked body (a malformed chunk size, 400).
     size = 300 << 20
     app = V2Server(limits=binproto.Limits(max_body_bytes=1 << 20))
     head = _claiming(size)
@@ -143,12 +155,14 @@ def test_a_client_that_reads_only_once_it_has_sent_all_gets_the_refusal(
         head = head.replace(b"Host: x\r\n", b"Host: x\r\nExpect: 100-continue\r\n")
     elif how == "head-too-big":
         head = head.replace(b"Host: x\r\n", b"Host: x\r\nX-Pad: " + b"p" * 70_000 + b"\r\n")
+    elif how == "bad-chunk":
+        head = _bad_chunk()
     for running in serving(backend, app):
         with connect(running.port) as sock:
             sock.sendall(head)
             sock.sendall(bytes(size))
             received = read_all(sock)
-    status = b"431" if how == "head-too-big" else b"413"
+    status = {"head-too-big": b"431", "bad-chunk": b"400"}.get(how, b"413")
     assert received.startswith(b"HTTP/1.1 " + status), received[:200]
     assert b"Connection: close" in received
 
@@ -396,3 +410,107 @@ def test_a_big_json_echo_peaks_under_12x_its_request() -> None:
         proc.wait(10)
     assert json.loads(got)["outputs"][0]["data"][:3] == json.loads(wire)["inputs"][0]["data"][:3]
     assert peak <= 12 * len(wire), peak / len(wire)
+
+
+def test_a_chunked_claim_past_the_limits_is_answered_at_once(backend: str) -> None:
+    # Known from the JSON header: answered 413 without waiting for the rest
+    # of the body (before, at the 30 s body timeout), then the lingering close.
+    app = V2Server(limits=binproto.Limits(max_body_bytes=1 << 20))
+    header = bytes(binproto.encode_request({"x": np.zeros(1, np.uint8)}).buffers[0])
+    size = 2 << 20
+    header = header.replace(b'"shape":[1]', f'"shape":[{size}]'.encode())
+    header = header.replace(b'"binary_data_size":1', f'"binary_data_size":{size}'.encode())
+    head = (
+        "POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n"
+        f"Inference-Header-Content-Length: {len(header)}\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    for running in serving(backend, app):
+        with connect(running.port) as sock:
+            sock.sendall(head + b"%x\r\n" % len(header) + header + b"\r\n")
+            sock.settimeout(10)  # (the body timeout is 30 s)
+            received = read_all(sock)  # the answer, then the server's end of sending
+            sock.sendall(bytes(1 << 16))  # the linger drains what comes yet
+    assert received.startswith(b"HTTP/1.1 413 "), received[:200]
+    assert b"Connection: close" in received
+    assert b"over the limit of 1048576 bytes" in received, received
+
+
+# -- chunk lines and framing ---------------------------------------------------------------
+
+
+def _chunked_with_extension(length: int) -> bytes:
+    """A chunked echo request whose one chunk's line (size, extension, CRLF)
+    is ``length`` bytes long."""
+    body = binproto.encode_request({"x": np.arange(4, dtype=np.uint8)})
+    data = bytes(body)
+    size = b"%x" % len(data)
+    line = size + b";e=" + b"v" * (length - len(size) - 5) + b"\r\n"
+    assert len(line) == length
+    head = (
+        "POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        f"Inference-Header-Content-Length: {dict(body.headers)[binproto.HEADER_LENGTH_NAME]}\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    return head + line + data + b"\r\n0\r\n\r\n"
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one-send", "line-split"])
+@pytest.mark.parametrize(
+    ("length", "status"),
+    [(_server.MAX_CHUNK_LINE, b"200"), (_server.MAX_CHUNK_LINE + 1, b"431"), (100_000, b"431")],
+)
+def test_a_long_chunk_line_is_refused_however_it_arrives(
+    backend: str, length: int, status: bytes, split: bool
+) -> None:
+    # h11 alone refused a long line only when more than 64 KiB of it waited
+    # unfinished between two reads: 100 KB sent at once was refused, the same
+    # bytes sent in two pieces served.
+    request = _chunked_with_extension(length)
+    at = request.index(b";e=") + 10
+    for running in serving(backend, V2Server()):
+        with connect(running.port) as sock:
+            if split:
+                sock.sendall(request[:at])
+                time.sleep(0.1)  # (two reads of the line)
+                sock.sendall(request[at:])
+            else:
+                sock.sendall(request)
+            received = read_all(sock)
+    assert received.startswith(b"HTTP/1.1 " + status), received[:200]
+
+
+def test_chunk_lines_are_measured_the_same_in_every_chunking() -> None:
+    # Data full of line feeds, many chunks, a line at the bound and one past it.
+    data = b"\n" * 3000
+    ok = b"".join(b"%x\r\n" % n + data[:n] + b"\r\n" for n in (1, 17, 3000, 5)) + b"0\r\n\r\n"
+    at_bound = b"5;" + b"e" * (_server.MAX_CHUNK_LINE - 4) + b"\r\n" + b"\n" * 5 + b"\r\n"
+    past = b"5;" + b"e" * (_server.MAX_CHUNK_LINE - 3) + b"\r\n"
+    for body, refused in ((ok, False), (at_bound + ok, False), (ok[:-5] + past, True)):
+        for step in (1, 7, 4096, len(body)):
+            lines = _server.ChunkLines()
+            try:
+                for i in range(0, len(body), step):
+                    lines.feed(memoryview(body)[i : i + step])
+            except binproto.RemoteProtocolError as exc:
+                assert refused and exc.status_hint == 431, (step, exc)
+            else:
+                assert not refused, step
+
+
+@pytest.mark.parametrize("how", ["infer", "get"])
+def test_http_1_0_with_transfer_encoding_is_refused_and_closed(backend: str, how: str) -> None:
+    # RFC 9112, section 6.1: the framing is faulty; answer 400, then close.
+    # (Before, a well-formed chunked body was taken and answered 200.)
+    if how == "infer":
+        request = _chunked_with_extension(100).replace(b" HTTP/1.1\r\n", b" HTTP/1.0\r\n", 1)
+    else:
+        request = b"GET /v2/health/live HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+    request += b"GET /v2/health/live HTTP/1.0\r\n\r\n"  # (never answered: closed)
+    for running in serving(backend, V2Server()):
+        with connect(running.port) as sock:
+            sock.sendall(request)
+            received = read_all(sock)
+    assert received.startswith(b"HTTP/1.1 400 "), received[:200]
+    assert received.count(b"HTTP/1.1 ") == 1 and b"Connection: close" in received
+    assert b"HTTP/1.0 request may not carry Transfer-Encoding" in received

@@ -332,6 +332,24 @@ def test_a_peer_that_never_reads_again_is_dropped_after_the_write_stall(backend:
             assert _established_at(port) == 0  # while the peer still reads nothing
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads Linux's socket table")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_stalled_reader_is_dropped_after_one_write_timeout_not_two(backend: str) -> None:
+    # The close after a write stall once waited the write timeout again for
+    # the peer to take what was buffered: a stalled reader held on for 2x.
+    write = 1.5
+    x = np.zeros(16 << 20, dtype=np.float32)
+    with serving(backend, Timeouts(keep_alive=30, head=30, body=30, write=write)) as port:
+        with _connect(port) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+            sock.sendall(_request(x))
+            sent = time.monotonic()
+            while _established_at(port) and time.monotonic() - sent < 4 * write:
+                time.sleep(0.02)
+            held = time.monotonic() - sent
+    assert held < 1.6 * write, f"dropped after {held:.2f} s, the write timeout is {write} s"
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_timeout_option_bounds_every_phase(backend: str) -> None:
     # start_server / serve(timeout=...) overrides the server's timeouts.

@@ -70,6 +70,11 @@ def chunked(body: bytes, *sizes: int, extension: bytes = b"", trailer: bytes = b
 
 TE = (("Transfer-Encoding", "chunked"),)
 
+# A JSON header claiming 256 GiB of tensor bytes, past every default limit.
+CLAIM = HEADER.replace(b'"shape":[2]', b'"shape":[68719476736]').replace(
+    b'"binary_data_size":8', b'"binary_data_size":274877906944'
+)
+
 
 def get(path: str) -> bytes:
     return request(path, "GET", None)
@@ -132,6 +137,28 @@ CASES: list[tuple[str, bytes, str]] = [
     ("content-length-plus", request(length=False, headers=(("Content-Length", "+1"),)), "400"),
     ("tls-hello", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(40), "400"),
     ("body-cut-short", request()[:-4], "400"),
+    # Faults in a chunked body's framing; a line past MAX_CHUNK_LINE (16 KiB).
+    ("chunk-size-malformed", request(body=b"zz\r\n" + BODY, length=False, headers=TE), "400"),
+    (
+        "chunk-extension-over-16k",
+        request(body=chunked(BODY, 10, extension=b";a=" + b"b" * 17000), length=False, headers=TE),
+        "431",
+    ),
+    # A claim past the limits in a chunked body's header: 413 without its body.
+    (
+        "chunked-claim-over-limits",
+        request(body=b"%x\r\n" % len(CLAIM) + CLAIM + b"\r\n", length=False, headers=TE).replace(
+            b"Length: %d" % len(HEADER), b"Length: %d" % len(CLAIM)
+        ),
+        "413",
+    ),
+    # RFC 9112, 6.1: HTTP/1.0 with Transfer-Encoding is refused, then closed.
+    (
+        "http-1.0-chunked",
+        request(version="HTTP/1.0", host=False, body=chunked(BODY, 10), length=False, headers=TE)
+        + request(),
+        "400",
+    ),
 ]
 
 
