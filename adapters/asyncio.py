@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl as ssl_module
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
@@ -48,7 +49,16 @@ from typing import Any, TypeVar, cast
 from binproto import Limits
 from binproto._util import gather_small
 
-from ._client import CLIENT_TIMEOUT, ClientCore, ResponseStream
+from ._client import (
+    CLIENT_TIMEOUT,
+    DEFAULT_RETRY,
+    KEEPALIVE_EXPIRY,
+    MAX_CONNECTIONS,
+    ClientCore,
+    Endpoint,
+    ResponseStream,
+    Retry,
+)
 
 # The server's model API, the same for every backend.
 from ._server import (
@@ -71,6 +81,7 @@ __all__ = [
     "InferenceError",
     "Model",
     "ResponseStream",
+    "Retry",
     "SocketStream",
     "StreamingResponse",
     "StreamsStream",
@@ -755,16 +766,22 @@ async def serve(
 
 
 async def connect(
-    host: str, port: int, *, zero_copy: bool = True, timeout: float | None = None
+    host: str,
+    port: int,
+    *,
+    zero_copy: bool = True,
+    timeout: float | None = None,
+    ssl: ssl_module.SSLContext | None = None,
 ) -> SocketStream | StreamsStream:
     """Open a connection as a ByteStream.
 
     ``zero_copy``: a :class:`SocketStream` (bytes received into and sent from
     the caller's memory); else asyncio streams. ``timeout`` bounds each wait
-    for the peer, for its bytes or for it to take ours.
+    for the peer, for its bytes or for it to take ours. ``ssl``: TLS with
+    this context (over asyncio streams: no zero copy through TLS).
     """
     loop = asyncio.get_running_loop()
-    if zero_copy:
+    if zero_copy and ssl is None:
         infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         errors: list[OSError] = []
         # Each address in turn, as open_connection does ("localhost" may be
@@ -787,56 +804,69 @@ async def connect(
             raise errors[0]
         raise OSError(f"could not connect to {host}:{port}: {'; '.join(map(str, errors))}")
     # (asyncio sets TCP_NODELAY on its TCP transports.)
-    reader, writer = await asyncio.open_connection(host, port, limit=STREAM_LIMIT)
+    reader, writer = await asyncio.open_connection(host, port, limit=STREAM_LIMIT, ssl=ssl)
     return StreamsStream(reader, writer, timeout)
 
 
 class Client(ClientCore):
-    """A V2 client over one HTTP/1.1 keep-alive connection.
+    """A V2 client over a pool of HTTP/1.1 keep-alive connections.
 
     ::
 
-        async with Client("127.0.0.1", port) as c:
-            outputs = await c.infer("echo", {"x": array}, binary_data_output=True)
+        async with Client("http://127.0.0.1:8000") as c:
+            outputs = await c.infer("echo", {"x": array})
             async with c.stream("echo", {"x": array}) as response:
                 async for event in response:
                     ...
 
-    ``zero_copy`` receives response tensors straight into their arrays;
-    ``timeout`` bounds each wait for the server, for its bytes or for it to
-    take ours (default :data:`CLIENT_TIMEOUT`, 300 s; None: no bound; else
-    a positive number of seconds, or :class:`binproto.LocalProtocolError`);
-    ``limits`` applies to
-    response bodies. ``accept_encoding`` (e.g. ``"gzip, deflate"``) is sent as
-    ``Accept-Encoding``: compressed responses are decompressed as they are
-    read, within ``limits``; ``request_encoding``
-    (``"gzip"`` or ``"deflate"``) compresses request bodies (see
-    :class:`ClientCore`). One request at a time: a request made while
-    another is in flight (from another task) raises
-    :class:`binproto.LocalProtocolError`; use one client per task.
+    ``url_or_host`` is a base URL (``http://host:port``, ``https://...``)
+    or a host, with ``port`` (default 8000). One client serves many tasks at
+    once, over at most ``max_connections`` connections. Outputs come back
+    binary by default. See :class:`ClientCore` for ``max_connections``,
+    ``keepalive_expiry``, ``retry``, ``limits``, ``accept_encoding`` and
+    ``request_encoding``.
+
+    ``zero_copy`` receives response tensors straight into their arrays (not
+    through TLS); ``timeout`` bounds each wait for the server, for its bytes
+    or for it to take ours (default :data:`CLIENT_TIMEOUT`, 300 s; None: no
+    bound; else a positive number of seconds, or
+    :class:`binproto.LocalProtocolError`); ``ssl`` is the
+    ``ssl.SSLContext`` for TLS (an ``https://`` URL without one uses
+    ``ssl.create_default_context()``).
     """
 
     def __init__(
         self,
-        host: str = "127.0.0.1",
-        port: int = 8000,
+        url_or_host: str = "127.0.0.1",
+        port: int | None = None,
         *,
         zero_copy: bool = True,
         timeout: float | None = CLIENT_TIMEOUT,
         limits: Limits | None = None,
         accept_encoding: str | None = None,
         request_encoding: str | None = None,
+        ssl: ssl_module.SSLContext | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        keepalive_expiry: float | None = KEEPALIVE_EXPIRY,
+        retry: Retry | None = DEFAULT_RETRY,
     ) -> None:
         timeout = seconds_or_none(timeout, "timeout")
+        where = Endpoint.of(url_or_host, port, ssl)
 
         async def open_stream() -> Any:
-            return await connect(host, port, zero_copy=zero_copy, timeout=timeout)
+            return await connect(
+                where.host, where.port, zero_copy=zero_copy, timeout=timeout, ssl=where.ssl
+            )
 
         super().__init__(
             open_stream,
-            host=f"{host}:{port}",
+            host=where.host_header,
             zero_copy=zero_copy,
             limits=limits,
             accept_encoding=accept_encoding,
             request_encoding=request_encoding,
+            max_connections=max_connections,
+            keepalive_expiry=keepalive_expiry,
+            retry=retry,
+            path_prefix=where.path_prefix,
         )
