@@ -503,3 +503,96 @@ def test_bad_retry_settings_are_refused() -> None:
         Retry(attempts=0)
     with pytest.raises(LocalProtocolError, match="total"):
         Retry(total=-1)
+
+
+# -- health, metadata, and the check of inputs ---------------------------------------------
+
+
+def _typed_server() -> _Counting:
+    """An echo model that declares its input: FP32 [-1, 3]."""
+    from binproto.adapters._server import Model, echo_model
+
+    typed = Model(
+        "typed",
+        echo_model().handler,
+        inputs=[{"name": "x", "datatype": "FP32", "shape": [-1, 3]}],
+        outputs=[{"name": "x", "datatype": "FP32", "shape": [-1, 3]}],
+    )
+    return _Counting(models=[echo_model(), typed])
+
+
+def test_health_and_metadata_helpers_return_parsed_objects() -> None:
+    async def main() -> None:
+        async with _serving(_typed_server()) as port, Client(f"http://127.0.0.1:{port}") as c:
+            assert await c.server_live() is True
+            assert await c.server_ready() is True
+            assert await c.model_ready("typed") is True
+            assert await c.model_ready("nowhere") is False
+            server = await c.server_metadata()
+            assert server.version == binproto.__version__
+            assert "binary_tensor_data" in server.extensions
+            meta = await c.model_metadata("typed")
+            assert meta.name == "typed" and meta.versions == ("1",)
+            (spec,) = meta.inputs
+            assert (spec.name, spec.datatype, spec.shape) == ("x", "FP32", (-1, 3))
+            with pytest.raises(HTTPError) as info:
+                await c.model_metadata("nowhere")
+            assert info.value.status == 404
+            await c.wait_until_ready(5, model="typed")
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("inputs", "problem"),
+    [
+        ({"y": np.zeros((2, 3), np.float32)}, "input 'y' is not one of ['x']"),
+        ({"x": np.zeros((2, 3), np.float64)}, "input 'x' is FP64, the model takes FP32"),
+        ({"x": np.zeros((2, 4), np.float32)}, "has shape [2, 4], the model takes [-1, 3]"),
+        ({"x": np.zeros(3, np.float32)}, "has shape [3], the model takes [-1, 3]"),
+    ],
+)
+def test_inputs_that_do_not_fit_the_metadata_fail_before_any_byte_of_them_is_sent(
+    inputs: dict[str, Any], problem: str
+) -> None:
+    server = _typed_server()
+
+    async def main() -> None:
+        async with _serving(server) as port, Client("127.0.0.1", port) as c:
+            record = _Recorder(c)
+            with pytest.raises(LocalProtocolError, match="model 'typed': ") as info:
+                await c.infer("typed", inputs, check=True)
+            assert problem in str(info.value)
+            with pytest.raises(LocalProtocolError, match="model 'typed': "):
+                await c.check_inputs("typed", inputs)
+            # One GET of the metadata (then cached); no inference request.
+            heads = [bytes(s[0]) for s in record.sent]
+            assert len(heads) == 1 and heads[0].startswith(b"GET /v2/models/typed HTTP")
+            ok = np.ones((5, 3), np.float32)
+            assert np.array_equal((await c.infer("typed", {"x": ok}, check=True))["x"], ok)
+            # A model that declares no inputs: nothing to check against.
+            ((name, value),) = inputs.items()
+            assert np.array_equal((await c.infer("echo", inputs, check=True))[name], value)
+
+    asyncio.run(main())
+
+
+def test_wait_until_ready_waits_for_a_server_to_listen() -> None:
+    async def main() -> None:
+        with socket.socket() as probe:  # a free port, nobody listening yet
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        async with Client("127.0.0.1", port) as c:
+            with pytest.raises(TimeoutError):
+                await c.wait_until_ready(0.2)
+
+            async def later() -> asyncio.Server:
+                await asyncio.sleep(0.3)
+                return await start_server(V2Server(), "127.0.0.1", port)
+
+            starting = asyncio.create_task(later())
+            await c.wait_until_ready(10)
+            assert await c.server_ready()
+            await close_server(await starting)
+
+    asyncio.run(main())
