@@ -14,6 +14,7 @@ import contextlib
 import email.utils
 import errno
 import random
+import re
 import ssl as ssl_module
 import sys
 import time
@@ -305,10 +306,46 @@ class _NoAnswer(RemoteProtocolError):
     """The connection ended before any byte of a response."""
 
 
+#: Most bytes of an answer's head read around h11; a longer one goes to h11.
+_PLAIN_HEAD_MAX = 16 << 10
+
+_FIELD = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*")
+
+
+def _plain_200(head: bytes) -> h11.Response | None:
+    """The response a head stands for when it is ``HTTP/1.1 200`` with one
+    valid ``Content-Length`` and no ``Transfer-Encoding``; else None (h11
+    reads it, and refuses what is malformed)."""
+    lines = head.split(b"\r\n")
+    status = lines[0]
+    if not status.startswith(b"HTTP/1.1 200") or status[12:13] not in (b"", b" "):
+        return None
+    headers = []
+    length = None
+    for line in lines[1:]:
+        field = _FIELD.fullmatch(line)
+        if field is None:
+            return None  # (obs-fold, a bad name or value)
+        name, value = field.groups()
+        lower = name.lower()
+        if lower == b"content-length":
+            if length is not None or not value.isdigit() or len(value) > 18:
+                return None
+            length = value
+        elif lower == b"transfer-encoding":
+            return None
+        headers.append((name, value))
+    if length is None:
+        return None
+    return h11.Response(
+        status_code=200, headers=headers, http_version=b"1.1", reason=status[13:], _parsed=True
+    )
+
+
 class _Conn:
     """One pooled connection: its stream and h11 state."""
 
-    __slots__ = ("h11", "idle_since", "received", "stream", "to_close")
+    __slots__ = ("ahead", "h11", "idle_since", "raw", "received", "stream", "to_close")
 
     def __init__(self, stream: ByteStream) -> None:
         self.stream = stream
@@ -316,6 +353,10 @@ class _Conn:
         self.idle_since = 0.0
         self.received = False  # a byte of a response came on it
         self.to_close = False  # the server will not serve another request on it
+        # The request sent around h11 (target, body), for h11 to be told of it
+        # when the answer is not a plain 200; None: h11 sent it.
+        self.raw: tuple[str, binproto.EncodedBody] | None = None
+        self.ahead: bytes = b""  # body bytes received with a head read around h11
 
 
 class _Lib:
@@ -405,6 +446,11 @@ class ClientCore:
             )
         if retry is not None and not isinstance(retry, Retry):
             raise LocalProtocolError(f"retry must be a Retry or None, got {retry!r}")
+        try:  # (checked once here: inference heads are then made without h11)
+            request_for("/", None, host=host, headers=self._accept)
+        except h11.LocalProtocolError as exc:
+            raise LocalProtocolError(f"bad host or accept_encoding: {exc}") from None
+        self._fixed_lines = [f"Host: {host}", *(f"{n}: {v}" for n, v in self._accept)]
         self._max = max_connections
         self._expiry = seconds_or_none(keepalive_expiry, "keepalive_expiry")
         self._retry = retry if retry is not None else NO_RETRY
@@ -533,6 +579,10 @@ class ClientCore:
     # -- one exchange -------------------------------------------------------------
 
     async def _head(self, conn: _Conn) -> h11.Response:
+        if conn.raw is not None:
+            response = await self._plain_head(conn)
+            if response is not None:
+                return response
         stream, state = conn.stream, conn.h11
         while True:
             try:
@@ -554,6 +604,53 @@ class ClientCore:
                 continue
             else:
                 raise binproto.RemoteProtocolError("the server closed the connection")
+
+    def _raw_head(self, target: str, body: binproto.EncodedBody) -> bytes:
+        """The head of an inference request, made without h11: every part
+        was checked (the host and headers when the client was made, the
+        target by :func:`infer_path`, the framing by the encoder)."""
+        lines = [f"POST {target} HTTP/1.1", *self._fixed_lines]
+        lines += [f"{name}: {value}" for name, value in body.headers]
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+    async def _plain_head(self, conn: _Conn) -> h11.Response | None:
+        """Read the answer's head around h11 when it is a plain ``200`` with
+        a ``Content-Length`` (the common answer, read at a fraction of h11's
+        cost); None when it is anything else, once h11 has been told of the
+        request and given what was read (it then reads the head itself)."""
+        assert conn.raw is not None
+        stream = conn.stream
+        data = b""
+        closed = False
+        while True:
+            more = bytes(await stream.receive_some(1 << 16))
+            if not more:
+                if not data:
+                    raise _NoAnswer("the server closed the connection without a response")
+                closed = True
+                break
+            conn.received = True
+            data += more
+            end = data.find(b"\r\n\r\n")
+            if end >= 0:
+                response = _plain_200(data[:end])
+                if response is not None:
+                    conn.raw, conn.ahead = None, data[end + 4 :]
+                    return response
+                break
+            if len(data) > _PLAIN_HEAD_MAX:
+                break
+        # Not plain: h11 is told of the request (its bytes are dropped) and
+        # reads the head from what came.
+        target, body = conn.raw
+        conn.raw = None
+        state = conn.h11
+        state.send(request_for(target, body, host=self._host, headers=self._accept))
+        send_body(state, body)
+        state.receive_data(data)
+        if closed:
+            state.receive_data(b"")
+        return None
 
     async def _exchange(
         self,
@@ -823,8 +920,13 @@ class ClientCore:
                 ok = True
                 raise _error(response, data)
             claims = body_claims(fields_of(response))
+            ahead, conn.ahead = conn.ahead, b""
             reader = BodyReader(
-                conn.stream, conn.h11, claims.content_length, receive_in_place=self._zero_copy
+                conn.stream,
+                conn.h11,
+                claims.content_length,
+                receive_in_place=self._zero_copy,
+                ahead=ahead,
             )
             result = ResponseStream(
                 response, MessageBody("response", claims, reader, limits=self._limits)
@@ -839,7 +941,8 @@ class ClientCore:
                 # its response (that no request asked for: not to be taken for
                 # the next answer; see also ProbesIdle).
                 extra, closed = reader.rest()
-                conn.h11 = h11.Connection(h11.CLIENT)
+                if conn.h11.our_state is not h11.IDLE:  # (unused when the head was plain)
+                    conn.h11 = h11.Connection(h11.CLIENT)
                 conn.to_close = _closes(response) or closed or bool(len(extra))
                 ok = True
         except BaseException as exc:
@@ -873,8 +976,14 @@ class ClientCore:
 
     async def _send_request(self, conn: _Conn, target: str, body: binproto.EncodedBody) -> None:
         encoding = self._request_encoding
-        head = request_for(target, body, host=self._host, headers=self._accept, encoding=encoding)
         state = conn.h11
+        if encoding is None and state.our_state is h11.IDLE:
+            # Sent around h11: its head and body pieces cost more than the
+            # rest of a small request (see _plain_head for the answer).
+            conn.raw = (target, body)
+            await conn.stream.send_all([self._raw_head(target, body), *body.buffers])
+            return
+        head = request_for(target, body, host=self._host, headers=self._accept, encoding=encoding)
         if encoding is None:
             await conn.stream.send_all([state.send(head), *send_body(state, body)])
             return

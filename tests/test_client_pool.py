@@ -379,8 +379,9 @@ class _Recorder:
         client._lib = type("Lib", (), {"sleep": staticmethod(sleep), "event": asyncio.Event})()
 
     def exporters(self, attempt: int) -> list[Any]:
-        """The objects whose memory attempt ``attempt`` sent (by view)."""
-        return [b.obj for b in self.sent[attempt] if isinstance(b, memoryview)]
+        """The objects whose memory attempt ``attempt`` sent after its HTTP
+        head (the object itself, or what a view is of)."""
+        return [b.obj if isinstance(b, memoryview) else b for b in self.sent[attempt][1:]]
 
 
 _BUSY = b"HTTP/1.1 503 Busy\r\nRetry-After: 1\r\nContent-Length: 4\r\n\r\nbusy"
