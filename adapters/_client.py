@@ -25,6 +25,7 @@ from typing import Any, NoReturn, cast
 
 try:
     import h11
+    from h11._headers import Headers as H11Headers
 except ModuleNotFoundError as exc:  # an optional dependency: say which extra brings it
     from binproto.adapters import missing_extra
 
@@ -34,6 +35,7 @@ import numpy as np
 import binproto
 from binproto import (
     Event,
+    HeaderFields,
     InferenceHeader,
     Limits,
     LocalProtocolError,
@@ -130,9 +132,10 @@ def _requested(outputs: Iterable[str | RequestedOutput] | None) -> list[Requeste
     return [o if isinstance(o, RequestedOutput) else RequestedOutput(o) for o in outputs]
 
 
-def _closes(response: h11.Response) -> bool:
-    """True when the server will close the connection after ``response``."""
-    tokens = header_value(list(response.headers), "connection") or ""
+def _closes(response: h11.Response, fields: HeaderFields) -> bool:
+    """True when the server will close the connection after ``response``
+    (``fields``: its header fields)."""
+    tokens = fields.get("connection") or ""
     closing = any(t.strip() == "close" for t in tokens.lower().split(","))
     return closing or response.http_version != b"1.1"
 
@@ -320,7 +323,7 @@ def _plain_200(head: bytes) -> h11.Response | None:
     status = lines[0]
     if not status.startswith(b"HTTP/1.1 200") or status[12:13] not in (b"", b" "):
         return None
-    headers = []
+    items = []
     length = None
     for line in lines[1:]:
         field = _FIELD.fullmatch(line)
@@ -334,11 +337,16 @@ def _plain_200(head: bytes) -> h11.Response | None:
             length = value
         elif lower == b"transfer-encoding":
             return None
-        headers.append((name, value))
+        items.append((name, lower, value))
     if length is None:
         return None
+    # (h11's own record of parsed headers: what its parser would have made)
     return h11.Response(
-        status_code=200, headers=headers, http_version=b"1.1", reason=status[13:], _parsed=True
+        status_code=200,
+        headers=H11Headers(items),
+        http_version=b"1.1",
+        reason=status[13:],
+        _parsed=True,
     )
 
 
@@ -919,7 +927,8 @@ class ClientCore:
                 self._next_cycle(conn)
                 ok = True
                 raise _error(response, data)
-            claims = body_claims(fields_of(response))
+            fields = fields_of(response)
+            claims = body_claims(fields)
             ahead, conn.ahead = conn.ahead, b""
             reader = BodyReader(
                 conn.stream,
@@ -943,7 +952,7 @@ class ClientCore:
                 extra, closed = reader.rest()
                 if conn.h11.our_state is not h11.IDLE:  # (unused when the head was plain)
                     conn.h11 = h11.Connection(h11.CLIENT)
-                conn.to_close = _closes(response) or closed or bool(len(extra))
+                conn.to_close = _closes(response, fields) or closed or bool(len(extra))
                 ok = True
         except BaseException as exc:
             # The fault keeps frames that reach the response (the caller's

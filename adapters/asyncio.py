@@ -648,6 +648,24 @@ class SocketStream(_ReceiveInto):
         finally:
             self._waited()
 
+    async def receive_some(self, max_bytes: int) -> bytes:
+        """Up to ``max_bytes`` bytes; ``b""`` at end of stream (a reset too)."""
+        if not self._closing:
+            try:
+                return self._sock.recv(max_bytes)  # (what is there: no wait)
+            except BlockingIOError:
+                pass
+            except ConnectionResetError:
+                return b""
+        loop = asyncio.get_running_loop()
+        self._waits += 1
+        try:
+            return await _within(loop.sock_recv(self._sock, max_bytes), self.timeout)
+        except ConnectionResetError:
+            return b""
+        finally:
+            self._waited()
+
     async def send_all(self, buffers: Sequence[Any]) -> None:
         """Send the buffers in order, from the caller's memory (never joined or
         copied): as many as the kernel takes in one ``sendmsg`` at once, the
