@@ -59,6 +59,7 @@ from ._client import (
     ResponseStream,
     Retry,
 )
+from ._metadata import ModelMetadata, ServerMetadata, TensorMetadata
 
 # The server's model API, the same for every backend.
 from ._server import (
@@ -80,11 +81,14 @@ __all__ = [
     "InferRequest",
     "InferenceError",
     "Model",
+    "ModelMetadata",
     "ResponseStream",
     "Retry",
+    "ServerMetadata",
     "SocketStream",
     "StreamingResponse",
     "StreamsStream",
+    "TensorMetadata",
     "Timeouts",
     "V2Server",
     "close_server",

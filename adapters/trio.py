@@ -61,6 +61,7 @@ from ._client import (
     ResponseStream,
     Retry,
 )
+from ._metadata import ModelMetadata, ServerMetadata, TensorMetadata
 
 # The server's model API, the same for every backend.
 from ._server import (
@@ -80,9 +81,12 @@ __all__ = [
     "InferRequest",
     "InferenceError",
     "Model",
+    "ModelMetadata",
     "ResponseStream",
     "Retry",
+    "ServerMetadata",
     "StreamingResponse",
+    "TensorMetadata",
     "Timeouts",
     "TrioSocketStream",
     "TrioStream",
