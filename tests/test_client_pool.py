@@ -597,3 +597,61 @@ def test_wait_until_ready_waits_for_a_server_to_listen() -> None:
             await close_server(await starting)
 
     asyncio.run(main())
+
+
+# -- answers read around h11, and those handed to it ------------------------------------------
+
+
+def _answer(head: bytes) -> bytes:
+    """The echo answer of ``X`` under ``head`` (its framing headers added)."""
+    body = binproto.encode_response({"x": X}, model_name="m")
+    assert body.header_length is not None
+    return (
+        head
+        + b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
+        % (body.header_length, body.content_length)
+        + bytes(body)
+    )
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 200 OK\r\n",
+        b"HTTP/1.1 200\r\n",
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n",
+        b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * (20 << 10) + b"\r\n",  # (past the plain read)
+        b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\n",
+        b"HTTP/1.1 200 OK\r\nX-Odd:\tvalue\t\r\n",
+        b"HTTP/1.1 200 OK\r\nX-Folded: a\r\n b\r\n",  # (obs-fold: h11 unfolds it)
+    ],
+    ids=["plain", "no reason", "100 first", "long head", "HTTP/1.0", "tabs", "obs-fold"],
+)
+def test_answers_h11_would_take_are_taken(head: bytes) -> None:
+    async def main() -> None:
+        async with _scripted([_answer(head)]) as (port, bodies):
+            async with Client("127.0.0.1", port, retry=None) as c:
+                assert np.array_equal((await c.infer("m", {"x": X}))["x"], X)
+                assert np.array_equal((await c.infer("m", {"x": X}))["x"], X)
+        assert len(bodies) == 2
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("head", "message"),
+    [
+        (b"HTTP/1.1 200 OK\r\nBad Name: x\r\n", "malformed|illegal"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 9x\r\n", "Content-Length|malformed"),
+        (b"HTTP/1.1 2000 OK\r\n", "malformed|illegal|status"),
+    ],
+    ids=["bad name", "bad length", "bad status"],
+)
+def test_answers_h11_refuses_are_refused(head: bytes, message: str) -> None:
+    async def main() -> None:
+        async with _scripted([_answer(head)]) as (port, _):
+            async with Client("127.0.0.1", port, retry=None) as c:
+                with pytest.raises(RemoteProtocolError, match=f"(?i){message}"):
+                    await c.infer("m", {"x": X})
+
+    asyncio.run(main())
