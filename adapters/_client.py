@@ -34,6 +34,7 @@ import numpy as np
 
 import binproto
 from binproto import (
+    BodyClaims,
     Event,
     HeaderFields,
     InferenceHeader,
@@ -124,6 +125,55 @@ class ResponseStream:
     async def tensors(self, destinations: Destinations = None) -> dict[str, np.ndarray[Any, Any]]:
         """Every output as an array (received in place when the stream allows it)."""
         return await self.body.tensors(destinations)
+
+
+class _WholeBody:
+    """The body record of a :class:`_WholeResponse` (nothing held to release)."""
+
+    complete = True
+    failed = None
+
+    def release(self) -> None:
+        """Nothing to let go of: the arrays are the caller's."""
+
+
+class _WholeResponse(ResponseStream):
+    """A response whose body came whole with its head: ``tensors()``
+    decodes it at once (``binproto.decode_response``); it has no events."""
+
+    def __init__(
+        self, http: h11.Response, data: Any, claims: BodyClaims, limits: Limits | None
+    ) -> None:
+        self.http = http
+        self.status = http.status_code
+        self.body = cast(MessageBody, _WholeBody())
+        # A copy the arrays may be written through (what came is read-only).
+        self._data = bytearray(memoryview(data)[: claims.content_length])
+        self._claims = claims
+        self._limits = limits
+        self._decoded: binproto.DecodedMessage | None = None
+
+    @property
+    def header(self) -> InferenceHeader | None:
+        """The response's JSON header, once decoded."""
+        return self._decoded.header if self._decoded is not None else None
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        raise LocalProtocolError("a response read whole has no events: use stream()")
+
+    async def next_event(self) -> Event:
+        """Not offered: see :meth:`__aiter__`."""
+        raise LocalProtocolError("a response read whole has no events: use stream()")
+
+    async def tensors(self, destinations: Destinations = None) -> dict[str, np.ndarray[Any, Any]]:
+        """Every output as an array (views of one buffer holding the body)."""
+        if destinations is not None:
+            raise LocalProtocolError("a response read whole takes no destinations")
+        if self._decoded is None:
+            self._decoded = binproto.decode_response(
+                self._data, header_length=self._claims.header_length, limits=self._limits
+            )
+        return self._decoded.tensors
 
 
 def _requested(outputs: Iterable[str | RequestedOutput] | None) -> list[RequestedOutput] | None:
@@ -890,6 +940,7 @@ class ClientCore:
         parameters: Mapping[str, Any] | None = None,
         binary: bool | set[str] = True,
         check: bool = False,
+        whole: bool = False,
     ) -> AsyncIterator[ResponseStream]:
         """Send an inference request and yield the response as it arrives.
 
@@ -897,7 +948,9 @@ class ClientCore:
         or None (not sent: the server's default, JSON). The request body is
         encoded once and goes out as the encoder's buffer list, never joined;
         a retry sends the same buffers again. ``check`` compares the inputs
-        with the model's metadata first (see :meth:`check_inputs`). An error
+        with the model's metadata first (see :meth:`check_inputs`). ``whole``:
+        a body that came whole with the head is decoded at once (its
+        ``tensors()`` only, no events: what :meth:`infer` uses). An error
         status raises :class:`~binproto.adapters.h11.HTTPError` (with the V2
         error message). Leaving the block before the body was read to its
         end closes the connection.
@@ -930,6 +983,19 @@ class ClientCore:
             fields = fields_of(response)
             claims = body_claims(fields)
             ahead, conn.ahead = conn.ahead, b""
+            length = claims.content_length
+            if (
+                whole
+                and length is not None
+                and len(ahead) >= length
+                and claims.content_encoding is None
+            ):
+                # The whole body came with the head (a small answer): decoded
+                # at once, without the streaming body's machinery.
+                yield _WholeResponse(response, ahead, claims, self._limits)
+                conn.to_close = _closes(response, fields) or len(ahead) > length
+                ok = True
+                return
             reader = BodyReader(
                 conn.stream,
                 conn.h11,
@@ -1032,6 +1098,7 @@ class ClientCore:
             parameters=parameters,
             binary=binary,
             check=check,
+            whole=destinations is None,
         ) as response:
             return await response.tensors(destinations)
 

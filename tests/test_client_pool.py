@@ -655,3 +655,19 @@ def test_answers_h11_refuses_are_refused(head: bytes, message: str) -> None:
                     await c.infer("m", {"x": X})
 
     asyncio.run(main())
+
+
+def test_a_small_answer_read_whole_gives_writable_arrays_of_its_own() -> None:
+    async def main() -> None:
+        async with _serving(V2Server()) as port, Client("127.0.0.1", port) as c:
+            first = await c.infer("echo", {"x": X, "b": np.array([True, False])})
+            second = await c.infer("echo", {"x": X}, binary_data_output=False)
+            first["x"][0] = 42.0  # (writable, and not shared with the next answer)
+            assert second["x"][0] == 0.0 and first["b"].tolist() == [True, False]
+            assert np.array_equal(second["x"], X)
+            into = np.zeros_like(X)  # (destinations: the streaming path, received in place)
+            assert (await c.infer("echo", {"x": X}, destinations={"x": into}))["x"] is into
+            assert np.array_equal(into, X)
+            assert c.open_connections == 1
+
+    asyncio.run(main())
