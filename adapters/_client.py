@@ -21,7 +21,7 @@ import time
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, NoReturn, cast
+from typing import Any, NamedTuple, NoReturn, cast
 
 try:
     import h11
@@ -182,10 +182,12 @@ def _requested(outputs: Iterable[str | RequestedOutput] | None) -> list[Requeste
     return [o if isinstance(o, RequestedOutput) else RequestedOutput(o) for o in outputs]
 
 
-def _closes(response: h11.Response, fields: HeaderFields) -> bool:
+def _closes(response: h11.Response, fields: HeaderFields | None, plain: _Plain | None) -> bool:
     """True when the server will close the connection after ``response``
-    (``fields``: its header fields)."""
-    tokens = fields.get("connection") or ""
+    (``fields``: its header fields, when read; ``plain``: its plain head)."""
+    if plain is not None:
+        return plain.closes
+    tokens = (fields or fields_of(response)).get("connection") or ""
     closing = any(t.strip() == "close" for t in tokens.lower().split(","))
     return closing or response.http_version != b"1.1"
 
@@ -365,16 +367,28 @@ _PLAIN_HEAD_MAX = 16 << 10
 _FIELD = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*")
 
 
-def _plain_200(head: bytes) -> h11.Response | None:
+class _Plain(NamedTuple):
+    """A plain ``200`` head read around h11, and what it says of its body."""
+
+    response: h11.Response
+    claims: BodyClaims | None  # None: read them from its fields
+    closes: bool  # the server closes the connection after it
+
+
+def _plain_200(head: bytes) -> _Plain | None:
     """The response a head stands for when it is ``HTTP/1.1 200`` with one
     valid ``Content-Length`` and no ``Transfer-Encoding``; else None (h11
-    reads it, and refuses what is malformed)."""
+    reads it, and refuses what is malformed). Its body's claims come with
+    it when they are plain digits and no coding."""
     lines = head.split(b"\r\n")
     status = lines[0]
     if not status.startswith(b"HTTP/1.1 200") or status[12:13] not in (b"", b" "):
         return None
     items = []
     length = None
+    header_length: bytes | None = None
+    plain = True  # the claims are read here
+    closes = False
     for line in lines[1:]:
         field = _FIELD.fullmatch(line)
         if field is None:
@@ -387,23 +401,37 @@ def _plain_200(head: bytes) -> h11.Response | None:
             length = value
         elif lower == b"transfer-encoding":
             return None
+        elif lower == b"inference-header-content-length":
+            plain = plain and header_length is None and value.isdigit() and len(value) <= 18
+            header_length = value
+        elif lower == b"content-encoding":
+            plain = False
+        elif lower == b"connection":
+            closes = closes or b"close" in [t.strip() for t in value.lower().split(b",")]
         items.append((name, lower, value))
     if length is None:
         return None
+    claims = None
+    if plain:
+        size = int(length)
+        header = int(header_length) if header_length is not None else None
+        if header is None or header <= size:
+            claims = BodyClaims(size, None, header)
     # (h11's own record of parsed headers: what its parser would have made)
-    return h11.Response(
+    response = h11.Response(
         status_code=200,
         headers=H11Headers(items),
         http_version=b"1.1",
         reason=status[13:],
         _parsed=True,
     )
+    return _Plain(response, claims, closes)
 
 
 class _Conn:
     """One pooled connection: its stream and h11 state."""
 
-    __slots__ = ("ahead", "h11", "idle_since", "raw", "received", "stream", "to_close")
+    __slots__ = ("ahead", "h11", "idle_since", "plain", "raw", "received", "stream", "to_close")
 
     def __init__(self, stream: ByteStream) -> None:
         self.stream = stream
@@ -415,6 +443,7 @@ class _Conn:
         # when the answer is not a plain 200; None: h11 sent it.
         self.raw: tuple[str, binproto.EncodedBody] | None = None
         self.ahead: bytes = b""  # body bytes received with a head read around h11
+        self.plain: _Plain | None = None  # that head
 
 
 class _Lib:
@@ -521,6 +550,7 @@ class ClientCore:
         self._generation = 0  # one more at each aclose()
         self._lib: _Lib | None = None
         self._metadata: dict[tuple[str, str | None], ModelMetadata] = {}
+        self._paths: dict[tuple[str, str | None], str] = {}  # inference paths made
 
     async def __aenter__(self) -> ClientCore:
         return self
@@ -691,10 +721,10 @@ class ClientCore:
             data += more
             end = data.find(b"\r\n\r\n")
             if end >= 0:
-                response = _plain_200(data[:end])
-                if response is not None:
-                    conn.raw, conn.ahead = None, data[end + 4 :]
-                    return response
+                plain = _plain_200(data[:end])
+                if plain is not None:
+                    conn.raw, conn.ahead, conn.plain = None, data[end + 4 :], plain
+                    return plain.response
                 break
             if len(data) > _PLAIN_HEAD_MAX:
                 break
@@ -958,7 +988,11 @@ class ClientCore:
         body = self._encode(inputs, outputs, binary_data_output, parameters, id, binary)
         if not isinstance(model, str) or not isinstance(model_version, (str, type(None))):
             raise LocalProtocolError("model and model_version must be strings")
-        path = self._prefix + infer_path(model, model_version)
+        path = self._paths.get((model, model_version))
+        if path is None:
+            path = self._prefix + infer_path(model, model_version)
+            if len(self._paths) < 1024:  # (a bound, for clients of many model names)
+                self._paths[(model, model_version)] = path
         if check:
             check_body(await self.model_metadata(model, model_version, cached=True), body)
 
@@ -980,8 +1014,13 @@ class ClientCore:
                 self._next_cycle(conn)
                 ok = True
                 raise _error(response, data)
-            fields = fields_of(response)
-            claims = body_claims(fields)
+            plain, conn.plain = conn.plain, None
+            fields = None
+            if plain is not None and plain.claims is not None:
+                claims = plain.claims
+            else:
+                fields = fields_of(response)
+                claims = body_claims(fields)
             ahead, conn.ahead = conn.ahead, b""
             length = claims.content_length
             if (
@@ -993,7 +1032,7 @@ class ClientCore:
                 # The whole body came with the head (a small answer): decoded
                 # at once, without the streaming body's machinery.
                 yield _WholeResponse(response, ahead, claims, self._limits)
-                conn.to_close = _closes(response, fields) or len(ahead) > length
+                conn.to_close = _closes(response, fields, plain) or len(ahead) > length
                 ok = True
                 return
             reader = BodyReader(
@@ -1018,7 +1057,7 @@ class ClientCore:
                 extra, closed = reader.rest()
                 if conn.h11.our_state is not h11.IDLE:  # (unused when the head was plain)
                     conn.h11 = h11.Connection(h11.CLIENT)
-                conn.to_close = _closes(response, fields) or closed or bool(len(extra))
+                conn.to_close = _closes(response, fields, plain) or closed or bool(len(extra))
                 ok = True
         except BaseException as exc:
             # The fault keeps frames that reach the response (the caller's
