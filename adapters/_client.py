@@ -364,7 +364,7 @@ class _NoAnswer(RemoteProtocolError):
 #: Most bytes of an answer's head read around h11; a longer one goes to h11.
 _PLAIN_HEAD_MAX = 16 << 10
 
-_FIELD = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*")
+_FIELDS = re.compile(rb"(?:\r\n[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[^\x00-\x08\x0a-\x1f\x7f]*)*")
 
 
 class _Plain(NamedTuple):
@@ -380,20 +380,21 @@ def _plain_200(head: bytes) -> _Plain | None:
     valid ``Content-Length`` and no ``Transfer-Encoding``; else None (h11
     reads it, and refuses what is malformed). Its body's claims come with
     it when they are plain digits and no coding."""
-    lines = head.split(b"\r\n")
-    status = lines[0]
+    end = head.find(b"\r\n")
+    status = head if end < 0 else head[:end]
     if not status.startswith(b"HTTP/1.1 200") or status[12:13] not in (b"", b" "):
         return None
+    if end >= 0 and _FIELDS.fullmatch(head, end) is None:
+        return None  # (obs-fold, a bad name or value: one check of every line)
+    lines = head.split(b"\r\n")
     items = []
     length = None
     header_length: bytes | None = None
     plain = True  # the claims are read here
     closes = False
     for line in lines[1:]:
-        field = _FIELD.fullmatch(line)
-        if field is None:
-            return None  # (obs-fold, a bad name or value)
-        name, value = field.groups()
+        name, _, value = line.partition(b":")
+        value = value.strip(b" \t")
         lower = name.lower()
         if lower == b"content-length":
             if length is not None or not value.isdigit() or len(value) > 18:

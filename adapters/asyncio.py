@@ -611,6 +611,10 @@ _IOV_MAX = 512
 _SENDMSG = hasattr(socket.socket, "sendmsg")
 
 
+def _nbytes(buf: Any) -> int:
+    return len(buf) if type(buf) is bytes else memoryview(buf).nbytes
+
+
 def _after(views: list[memoryview], sent: int) -> list[memoryview]:
     """What is left of ``views`` once their first ``sent`` bytes are gone."""
     for i, view in enumerate(views):
@@ -676,15 +680,15 @@ class SocketStream(_ReceiveInto):
         rest waiting for room. On loopback each send runs the peer's receive
         path too, so one call for a small request's head, JSON and tensor
         costs a third of three."""
-        pending = [memoryview(b).cast("B") for b in buffers if len(memoryview(b))]
-        if not self._closing and _SENDMSG:
+        sent = 0
+        if not self._closing and _SENDMSG and len(buffers) <= _IOV_MAX:
             try:
-                sent = self._sock.sendmsg(pending[:_IOV_MAX])
+                sent = self._sock.sendmsg(buffers)
             except BlockingIOError:
-                sent = 0
-            pending = _after(pending, sent)
-        if not pending:
-            return
+                pass
+            if sent == sum(map(_nbytes, buffers)):
+                return  # (the common case: no view made)
+        pending = _after([memoryview(b).cast("B") for b in buffers if _nbytes(b)], sent)
         loop = asyncio.get_running_loop()
         self._waits += 1
         try:
