@@ -586,7 +586,8 @@ class ClientCore:
         if self._lib is None:
             self._lib = _Lib()
         while True:
-            await self._close_expired()
+            if self._expiry is not None and self._idle:
+                await self._close_expired()
             while self._idle:
                 conn = self._idle.pop()  # the most recent: the least likely closed
                 stream = conn.stream
@@ -601,8 +602,11 @@ class ClientCore:
                 self._opening += 1
                 try:
                     stream = await self._open_stream()
-                finally:
+                except BaseException:
                     self._opening -= 1
+                    self._wake_one()  # (the room it held goes to a waiting request)
+                    raise
+                self._opening -= 1
                 if generation != self._generation:  # aclose() came while it was opening
                     await stream.aclose()
                     self._wake_one()
@@ -622,8 +626,7 @@ class ClientCore:
                 raise
 
     async def _close_expired(self) -> None:
-        if self._expiry is None:
-            return
+        assert self._expiry is not None
         old = self._clock() - self._expiry
         while self._idle and self._idle[0].idle_since <= old:
             await self._idle.pop(0).stream.aclose()

@@ -671,3 +671,33 @@ def test_a_small_answer_read_whole_gives_writable_arrays_of_its_own() -> None:
             assert c.open_connections == 1
 
     asyncio.run(main())
+
+
+def test_a_connection_that_fails_to_open_gives_its_room_to_a_waiting_request() -> None:
+    async def main() -> None:
+        async with _serving(V2Server()) as port:
+            c = Client("127.0.0.1", port, max_connections=1, retry=None)
+            opening = c._open_stream
+            gate = asyncio.Event()
+            calls = 0
+
+            async def open_stream() -> Any:
+                nonlocal calls
+                calls += 1
+                if calls == 1:  # the first connection fails, once the second request waits
+                    await gate.wait()
+                    raise ConnectionRefusedError("refused")
+                return await opening()
+
+            c._open_stream = open_stream
+            first = asyncio.create_task(c.infer("echo", {"x": X}))
+            second = asyncio.create_task(c.infer("echo", {"x": X + 1}))
+            await asyncio.sleep(0.05)  # (the second waits for the one room)
+            gate.set()
+            with pytest.raises(ConnectionRefusedError):
+                await first
+            out = await asyncio.wait_for(second, 10)  # (it waited forever before)
+            assert np.array_equal(out["x"], X + 1)
+            await c.aclose()
+
+    asyncio.run(main())
