@@ -406,7 +406,7 @@ def _from_dlpack(value: Any, label: str) -> tuple[np.ndarray[Any, Any], str | No
     tensor (no numpy dtype) by its bits, as BF16."""
     try:
         return np.from_dlpack(value), None
-    except (BufferError, TypeError, ValueError, RuntimeError) as exc:
+    except (AttributeError, BufferError, TypeError, ValueError, RuntimeError) as exc:
         if "bfloat16" in str(getattr(value, "dtype", "")) and hasattr(value, "view"):
             torch = sys.modules.get("torch")
             if torch is not None and value.dtype is torch.bfloat16:

@@ -177,3 +177,57 @@ def test_buffers_and_dlpack_inputs_round_trip_through_a_client() -> None:
     assert np.array_equal(out["dl"], floats)
     assert out["bf"].dtype == ml_dtypes.bfloat16
     assert np.array_equal(out["bf"], floats.astype(ml_dtypes.bfloat16))
+
+
+class _Dtype:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __str__(self) -> str:
+        return f"torch.{self.name}"
+
+
+class _FakeTorch:
+    """What the encoder looks up of torch: its bfloat16 and int16 dtypes."""
+
+    bfloat16 = _Dtype("bfloat16")
+    int16 = _Dtype("int16")
+
+
+class _Bfloat16Tensor:
+    """A CPU bfloat16 tensor as torch has it: DLPack cannot export its dtype
+    to numpy, and ``view(torch.int16)`` gives its bits."""
+
+    dtype = _FakeTorch.bfloat16
+
+    def __init__(self, bits: np.ndarray[Any, Any]) -> None:
+        self._bits = bits
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        raise BufferError("unsupported dtype bfloat16")
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)
+
+    def view(self, dtype: Any) -> _Producer:
+        assert dtype is _FakeTorch.int16
+        return _Producer(self._bits)
+
+
+def test_a_torch_bfloat16_tensor_is_sent_by_its_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", _FakeTorch)
+    values = np.array([1.5, -2.0, 3.0], np.float32)
+    bits = values.astype(ml_dtypes.bfloat16).view(np.int16)
+    body, decoded = _sent({"x": _Bfloat16Tensor(bits)})
+    assert b'"datatype":"BF16"' in body.json
+    assert decoded["x"].dtype == ml_dtypes.bfloat16 and decoded["x"].tolist() == [1.5, -2.0, 3.0]
+    assert np.shares_memory(np.frombuffer(body.buffers[1], np.uint8), bits)
+
+
+def test_a_failed_dlpack_export_is_a_local_protocol_error() -> None:
+    class OnTheGpu:
+        def __dlpack__(self, **kwargs: Any) -> Any:
+            raise BufferError("the tensor is on cuda:0")
+
+    with pytest.raises(LocalProtocolError, match="moved to the CPU first"):
+        binproto.encode_request({"x": OnTheGpu()})
