@@ -43,6 +43,7 @@ import contextlib
 import errno
 import logging
 import socket
+import ssl as ssl_module
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
@@ -51,7 +52,17 @@ from typing import Any, TypeVar, cast
 from binproto import Limits
 from binproto._util import gather_small
 
-from ._client import CLIENT_TIMEOUT, ClientCore, ResponseStream
+from ._client import (
+    CLIENT_TIMEOUT,
+    DEFAULT_RETRY,
+    KEEPALIVE_EXPIRY,
+    MAX_CONNECTIONS,
+    ClientCore,
+    Endpoint,
+    ResponseStream,
+    Retry,
+)
+from ._metadata import ModelMetadata, ServerMetadata, TensorMetadata
 
 # The server's model API, the same for every backend.
 from ._server import (
@@ -73,10 +84,14 @@ __all__ = [
     "InferRequest",
     "InferenceError",
     "Model",
+    "ModelMetadata",
     "ResponseStream",
+    "Retry",
+    "ServerMetadata",
     "SocketStream",
     "StreamingResponse",
     "StreamsStream",
+    "TensorMetadata",
     "Timeouts",
     "V2Server",
     "close_server",
@@ -603,6 +618,24 @@ class BufferedStream(_WorkerThreads):
             await _closed_within(transport, self._protocol.wait_closed(), self.timeout)
 
 
+#: Buffers one sendmsg takes at most (Linux's IOV_MAX is 1024).
+_IOV_MAX = 512
+_SENDMSG = hasattr(socket.socket, "sendmsg")
+
+
+def _nbytes(buf: Any) -> int:
+    return len(buf) if type(buf) is bytes else memoryview(buf).nbytes
+
+
+def _after(views: list[memoryview], sent: int) -> list[memoryview]:
+    """What is left of ``views`` once their first ``sent`` bytes are gone."""
+    for i, view in enumerate(views):
+        if sent < len(view):
+            return [view[sent:], *views[i + 1 :]] if sent else views[i:]
+        sent -= len(view)
+    return []
+
+
 class SocketStream(_ReceiveInto):
     """A :class:`~binproto.adapters._server.ByteStream` over a plain non-blocking
     socket, with ``receive_into``: the event loop's ``sock_recv_into`` and
@@ -618,6 +651,14 @@ class SocketStream(_ReceiveInto):
 
     async def receive_into(self, view: memoryview) -> int:
         """Receive up to ``len(view)`` bytes into ``view``; 0 at end of stream."""
+        if not self._closing:
+            # Bytes already there are taken at once: no future, no timer.
+            try:
+                return self._sock.recv_into(view)
+            except BlockingIOError:
+                pass
+            except ConnectionResetError:
+                return 0
         loop = asyncio.get_running_loop()
         self._waits += 1
         try:
@@ -627,12 +668,43 @@ class SocketStream(_ReceiveInto):
         finally:
             self._waited()
 
-    async def send_all(self, buffers: Sequence[Any]) -> None:
-        """Send each buffer in turn, from the caller's memory (never joined or copied)."""
+    async def receive_some(self, max_bytes: int) -> bytes:
+        """Up to ``max_bytes`` bytes; ``b""`` at end of stream (a reset too)."""
+        if not self._closing:
+            try:
+                return self._sock.recv(max_bytes)  # (what is there: no wait)
+            except BlockingIOError:
+                pass
+            except ConnectionResetError:
+                return b""
         loop = asyncio.get_running_loop()
         self._waits += 1
         try:
-            for buf in buffers:
+            return await _within(loop.sock_recv(self._sock, max_bytes), self.timeout)
+        except ConnectionResetError:
+            return b""
+        finally:
+            self._waited()
+
+    async def send_all(self, buffers: Sequence[Any]) -> None:
+        """Send the buffers in order, from the caller's memory (never joined or
+        copied): as many as the kernel takes in one ``sendmsg`` at once, the
+        rest waiting for room. On loopback each send runs the peer's receive
+        path too, so one call for a small request's head, JSON and tensor
+        costs a third of three."""
+        sent = 0
+        if not self._closing and _SENDMSG and len(buffers) <= _IOV_MAX:
+            try:
+                sent = self._sock.sendmsg(buffers)
+            except BlockingIOError:
+                pass
+            if sent == sum(map(_nbytes, buffers)):
+                return  # (the common case: no view made)
+        pending = _after([memoryview(b).cast("B") for b in buffers if _nbytes(b)], sent)
+        loop = asyncio.get_running_loop()
+        self._waits += 1
+        try:
+            for buf in pending:
                 await _within(loop.sock_sendall(self._sock, buf), self.timeout, _TAKE)
         finally:
             self._waited()
@@ -887,16 +959,22 @@ async def serve(
 
 
 async def connect(
-    host: str, port: int, *, zero_copy: bool = True, timeout: float | None = None
+    host: str,
+    port: int,
+    *,
+    zero_copy: bool = True,
+    timeout: float | None = None,
+    ssl: ssl_module.SSLContext | None = None,
 ) -> SocketStream | StreamsStream:
     """Open a connection as a ByteStream.
 
     ``zero_copy``: a :class:`SocketStream` (bytes received into and sent from
     the caller's memory); else asyncio streams. ``timeout`` bounds each wait
-    for the peer, for its bytes or for it to take ours.
+    for the peer, for its bytes or for it to take ours. ``ssl``: TLS with
+    this context (over asyncio streams: no zero copy through TLS).
     """
     loop = asyncio.get_running_loop()
-    if zero_copy:
+    if zero_copy and ssl is None:
         infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         errors: list[OSError] = []
         # Each address in turn, as open_connection does ("localhost" may be
@@ -919,56 +997,69 @@ async def connect(
             raise errors[0]
         raise OSError(f"could not connect to {host}:{port}: {'; '.join(map(str, errors))}")
     # (asyncio sets TCP_NODELAY on its TCP transports.)
-    reader, writer = await asyncio.open_connection(host, port, limit=STREAM_LIMIT)
+    reader, writer = await asyncio.open_connection(host, port, limit=STREAM_LIMIT, ssl=ssl)
     return StreamsStream(reader, writer, timeout)
 
 
 class Client(ClientCore):
-    """A V2 client over one HTTP/1.1 keep-alive connection.
+    """A V2 client over a pool of HTTP/1.1 keep-alive connections.
 
     ::
 
-        async with Client("127.0.0.1", port) as c:
-            outputs = await c.infer("echo", {"x": array}, binary_data_output=True)
+        async with Client("http://127.0.0.1:8000") as c:
+            outputs = await c.infer("echo", {"x": array})
             async with c.stream("echo", {"x": array}) as response:
                 async for event in response:
                     ...
 
-    ``zero_copy`` receives response tensors straight into their arrays;
-    ``timeout`` bounds each wait for the server, for its bytes or for it to
-    take ours (default :data:`CLIENT_TIMEOUT`, 300 s; None: no bound; else
-    a positive number of seconds, or :class:`binproto.LocalProtocolError`);
-    ``limits`` applies to
-    response bodies. ``accept_encoding`` (e.g. ``"gzip, deflate"``) is sent as
-    ``Accept-Encoding``: compressed responses are decompressed as they are
-    read, within ``limits``; ``request_encoding``
-    (``"gzip"`` or ``"deflate"``) compresses request bodies (see
-    :class:`ClientCore`). One request at a time: a request made while
-    another is in flight (from another task) raises
-    :class:`binproto.LocalProtocolError`; use one client per task.
+    ``url_or_host`` is a base URL (``http://host:port``, ``https://...``)
+    or a host, with ``port`` (default 8000). One client serves many tasks at
+    once, over at most ``max_connections`` connections. Outputs come back
+    binary by default. See :class:`ClientCore` for ``max_connections``,
+    ``keepalive_expiry``, ``retry``, ``limits``, ``accept_encoding`` and
+    ``request_encoding``.
+
+    ``zero_copy`` receives response tensors straight into their arrays (not
+    through TLS); ``timeout`` bounds each wait for the server, for its bytes
+    or for it to take ours (default :data:`CLIENT_TIMEOUT`, 300 s; None: no
+    bound; else a positive number of seconds, or
+    :class:`binproto.LocalProtocolError`); ``ssl`` is the
+    ``ssl.SSLContext`` for TLS (an ``https://`` URL without one uses
+    ``ssl.create_default_context()``).
     """
 
     def __init__(
         self,
-        host: str = "127.0.0.1",
-        port: int = 8000,
+        url_or_host: str = "127.0.0.1",
+        port: int | None = None,
         *,
         zero_copy: bool = True,
         timeout: float | None = CLIENT_TIMEOUT,
         limits: Limits | None = None,
         accept_encoding: str | None = None,
         request_encoding: str | None = None,
+        ssl: ssl_module.SSLContext | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        keepalive_expiry: float | None = KEEPALIVE_EXPIRY,
+        retry: Retry | None = DEFAULT_RETRY,
     ) -> None:
         timeout = seconds_or_none(timeout, "timeout")
+        where = Endpoint.of(url_or_host, port, ssl)
 
         async def open_stream() -> Any:
-            return await connect(host, port, zero_copy=zero_copy, timeout=timeout)
+            return await connect(
+                where.host, where.port, zero_copy=zero_copy, timeout=timeout, ssl=where.ssl
+            )
 
         super().__init__(
             open_stream,
-            host=f"{host}:{port}",
+            host=where.host_header,
             zero_copy=zero_copy,
             limits=limits,
             accept_encoding=accept_encoding,
             request_encoding=request_encoding,
+            max_connections=max_connections,
+            keepalive_expiry=keepalive_expiry,
+            retry=retry,
+            path_prefix=where.path_prefix,
         )

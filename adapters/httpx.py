@@ -459,9 +459,9 @@ def _encode(inputs: Any, options: dict[str, Any]) -> EncodedBody:
             )
         encoded: EncodedBody = inputs
         return encoded
-    if options.get("outputs") is None:
-        # Ask for every output in binary unless told otherwise (as tritonclient does).
-        options.setdefault("binary_data_output", True)
+    # Ask for outputs in binary unless told otherwise (as tritonclient does);
+    # a RequestedOutput's own binary_data still decides for that output.
+    options.setdefault("binary_data_output", True)
     return binproto.encode_request(inputs, **options)
 
 
@@ -527,8 +527,9 @@ def stream_infer(
     ``inputs`` is an :class:`binproto.EncodedBody`, or what
     :func:`binproto.encode_request` takes (``encode_options`` are passed on:
     ``outputs``, ``binary_data_output``, ``parameters``, ``id``, ``binary``).
-    Without ``outputs``, ``binary_data_output`` defaults to true: every output
-    comes back binary.
+    ``binary_data_output`` defaults to true: outputs come back binary (False:
+    JSON; a :class:`binproto.RequestedOutput`'s ``binary_data`` decides for
+    its output).
     Use as ``with stream_infer(...) as events: for event in events: ...``;
     the response is closed on leaving the block.
     """

@@ -38,6 +38,7 @@ import errno
 import logging
 import math
 import os
+import ssl as ssl_module
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -52,7 +53,17 @@ except ModuleNotFoundError as exc:  # an optional dependency: say which extra br
 from binproto import Limits
 from binproto._util import as_byte_view, gather_small
 
-from ._client import CLIENT_TIMEOUT, ClientCore, ResponseStream
+from ._client import (
+    CLIENT_TIMEOUT,
+    DEFAULT_RETRY,
+    KEEPALIVE_EXPIRY,
+    MAX_CONNECTIONS,
+    ClientCore,
+    Endpoint,
+    ResponseStream,
+    Retry,
+)
+from ._metadata import ModelMetadata, ServerMetadata, TensorMetadata
 
 # The server's model API, the same for every backend.
 from ._server import (
@@ -72,8 +83,12 @@ __all__ = [
     "InferRequest",
     "InferenceError",
     "Model",
+    "ModelMetadata",
     "ResponseStream",
+    "Retry",
+    "ServerMetadata",
     "StreamingResponse",
+    "TensorMetadata",
     "Timeouts",
     "TrioSocketStream",
     "TrioStream",
@@ -389,59 +404,68 @@ async def _serve_listeners(
 
 
 async def connect(
-    host: str, port: int, *, zero_copy: bool = True, timeout: float | None = None
+    host: str,
+    port: int,
+    *,
+    zero_copy: bool = True,
+    timeout: float | None = None,
+    ssl: ssl_module.SSLContext | None = None,
 ) -> TrioStream:
-    """Open a connection as a ByteStream (see :func:`serve` for the options)."""
+    """Open a connection as a ByteStream (see :func:`serve` for the options;
+    ``ssl``: TLS with this context)."""
+    if ssl is not None:
+        tls = await trio.open_ssl_over_tcp_stream(host, port, ssl_context=ssl)
+        return wrap(tls, zero_copy=zero_copy, timeout=timeout)
     return wrap(await trio.open_tcp_stream(host, port), zero_copy=zero_copy, timeout=timeout)
 
 
 class Client(ClientCore):
-    """A V2 client over one HTTP/1.1 keep-alive connection.
+    """A V2 client over a pool of HTTP/1.1 keep-alive connections.
 
     ::
 
-        async with Client("127.0.0.1", port) as c:
-            outputs = await c.infer("echo", {"x": array}, binary_data_output=True)
-            async with c.stream("echo", {"x": array}) as response:
-                async for event in response:
-                    ...
+        async with Client("http://127.0.0.1:8000") as c:
+            outputs = await c.infer("echo", {"x": array})
 
-    ``zero_copy`` receives response tensors straight into their arrays;
-    ``timeout`` bounds each wait for the server's bytes (default
-    :data:`CLIENT_TIMEOUT`, 300 s; None: no bound; else a positive number
-    of seconds, or :class:`binproto.LocalProtocolError`); ``limits`` applies to
-    response bodies. ``accept_encoding`` (e.g. ``"gzip, deflate"``) is sent as
-    ``Accept-Encoding``: compressed responses are decompressed as they are
-    read, within ``limits``; ``request_encoding``
-    (``"gzip"`` or ``"deflate"``) compresses request bodies (see
-    :class:`ClientCore`). One request at a time: a request made while
-    another is in flight (from another task) raises
-    :class:`binproto.LocalProtocolError`; use one client per task.
-    For another kind of trio stream (TLS, say), give
+    The options are those of :class:`binproto.adapters.asyncio.Client`:
+    a base URL or a host and port, ``ssl`` for TLS, one client shared by
+    many tasks over at most ``max_connections`` connections, binary outputs
+    by default, and ``retry``. For another kind of trio stream, give
     :class:`ClientCore` an ``open_stream`` that returns :func:`wrap` of it.
     """
 
     def __init__(
         self,
-        host: str = "127.0.0.1",
-        port: int = 8000,
+        url_or_host: str = "127.0.0.1",
+        port: int | None = None,
         *,
         zero_copy: bool = True,
         timeout: float | None = CLIENT_TIMEOUT,
         limits: Limits | None = None,
         accept_encoding: str | None = None,
         request_encoding: str | None = None,
+        ssl: ssl_module.SSLContext | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        keepalive_expiry: float | None = KEEPALIVE_EXPIRY,
+        retry: Retry | None = DEFAULT_RETRY,
     ) -> None:
         timeout = seconds_or_none(timeout, "timeout")
+        where = Endpoint.of(url_or_host, port, ssl)
 
         async def open_stream() -> TrioStream:
-            return await connect(host, port, zero_copy=zero_copy, timeout=timeout)
+            return await connect(
+                where.host, where.port, zero_copy=zero_copy, timeout=timeout, ssl=where.ssl
+            )
 
         super().__init__(
             open_stream,
-            host=f"{host}:{port}",
+            host=where.host_header,
             zero_copy=zero_copy,
             limits=limits,
             accept_encoding=accept_encoding,
             request_encoding=request_encoding,
+            max_connections=max_connections,
+            keepalive_expiry=keepalive_expiry,
+            retry=retry,
+            path_prefix=where.path_prefix,
         )

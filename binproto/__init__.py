@@ -8,7 +8,7 @@ pull events; adapters under ``binproto.adapters`` connect it to sockets.
 from ._assemble import TensorAssembler
 from ._bytes import BytesDecoder, BytesFramer, join_bytes, split_bytes
 from ._compression import compress_buffers
-from ._datatypes import DATATYPES, DataType, datatype_for_dtype, datatype_of
+from ._datatypes import DATATYPES, BF16BitsWarning, DataType, datatype_for_dtype, datatype_of
 from ._decode import DecodedMessage, decode_request, decode_response
 from ._encode import EncodedBody, Tensor, encode_request, encode_response
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError
@@ -45,6 +45,7 @@ __all__ = [
     "DATATYPES",
     "HEADER_LENGTH_NAME",
     "NEED_DATA",
+    "BF16BitsWarning",
     "BodyClaims",
     "BodyWriter",
     "BytesDecoder",

@@ -12,6 +12,7 @@ __all__ = [
     "DATATYPES",
     "DTYPES",
     "FIXED_ITEMSIZES",
+    "BF16BitsWarning",
     "DataType",
     "datatype_for_dtype",
     "datatype_of",
@@ -27,6 +28,28 @@ def _bf16_dtype() -> tuple[np.dtype[Any], bool]:
 
 
 BF16_DTYPE, HAVE_ML_DTYPES = _bf16_dtype()
+
+
+class BF16BitsWarning(UserWarning):
+    """A BF16 tensor was read without ml_dtypes: its array holds the raw
+    bfloat16 bits as ``uint16`` (1.5 reads as 16320), not numbers.
+
+    Install ml_dtypes to get ``bfloat16`` arrays, or take the bits on purpose
+    with ``warnings.simplefilter("ignore", binproto.BF16BitsWarning)``.
+    """
+
+
+def warn_bf16_bits(name: str) -> None:
+    """Warn that BF16 tensor ``name`` is read as raw bits (no ml_dtypes)."""
+    if not HAVE_ML_DTYPES:
+        import warnings
+
+        warnings.warn(
+            f"BF16 tensor '{name}' is read as raw uint16 bits: install ml_dtypes for"
+            " bfloat16 numbers",
+            BF16BitsWarning,
+            stacklevel=2,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +41,7 @@ from ._datatypes import DATATYPES, DataType, datatype_for_dtype
 from ._errors import LocalProtocolError, RemoteProtocolError
 from ._header import MAX_DIMS, PARAMETER_TYPES, InferenceHeader, RequestedOutput
 from ._http import message_headers, raw_message_headers
-from ._json import json_data_to_array
+from ._json import _bf16_bits, json_data_to_array
 from ._limits import Limits
 from ._util import as_byte_view, check_bool
 
@@ -257,10 +258,14 @@ def _wire_array(
     src = arr.dtype
     target = dt.dtype
     if dt.name == "BF16" and (natural is None or natural.name != "BF16"):
+        if src.kind == "f":
+            # Rounded to FP32, then to nearest even, as a list of numbers is.
+            return _bf16_bits(arr).reshape(arr.shape)
         if src.kind not in "ui" or src.itemsize != 2:
             raise _fail(
-                f"{label}: BF16 data must be an ml_dtypes.bfloat16 array or a 2-byte"
-                f" integer array of raw bfloat16 bits, got dtype {src}"
+                f"{label}: BF16 data must be a float array (rounded to BF16), an"
+                " ml_dtypes.bfloat16 array, or a 2-byte integer array of raw bfloat16"
+                f" bits, got dtype {src}"
             )
         target = src.newbyteorder("<")  # raw bits: keep the integer dtype
     elif natural is None or natural.name != dt.name:
@@ -349,10 +354,68 @@ def _prepare(name: str, value: Any, datatype: str | None, params: Any, role: str
         prep.from_list = True
         return prep
 
-    raise _fail(
-        f"{label}: expected a numpy array, a sequence of bytes/str, a list or a"
-        f" binproto.Tensor, got {type(value).__name__}"
-    )
+    found = _foreign_array(value, datatype, label)
+    if found is None:
+        raise _fail(
+            f"{label}: expected a numpy array, a buffer, an object with __dlpack__ or"
+            " __array__, a sequence of bytes/str, a list or a binproto.Tensor, got"
+            f" {type(value).__name__}"
+        )
+    foreign, foreign_datatype = found
+    return _prepare(name, foreign, datatype or foreign_datatype, params, role)
+
+
+_BYTE_FORMATS = frozenset({"B", "b", "c"})
+
+
+def _foreign_array(
+    value: Any, datatype: str | None, label: str
+) -> tuple[np.ndarray[Any, Any], str | None] | None:
+    """An array over the memory of ``value`` (no copy) and the datatype it
+    implies beyond its dtype (BF16 bits), or None when ``value`` is none of:
+    a DLPack producer (torch, jax, cupy on the CPU), a buffer (bytearray,
+    memoryview, array.array), an object with ``__array__``."""
+    if hasattr(value, "__dlpack__"):
+        return _from_dlpack(value, label)
+    try:
+        view = memoryview(value)
+    except TypeError:
+        view = None
+    if view is not None:
+        if view.format in _BYTE_FORMATS and datatype is not None and datatype != "BYTES":
+            # Raw bytes read as the datatype given (its element size must divide them).
+            dt = _datatype(datatype, label)
+            dtype = np.dtype(np.uint16) if dt.name == "BF16" else dt.dtype
+            raw = np.asarray(view).reshape(-1)
+            if len(raw) % dtype.itemsize:
+                raise _fail(
+                    f"{label}: {len(raw)} bytes are not a whole number of {dt.name} elements"
+                )
+            return np.ascontiguousarray(raw).view(dtype), None
+        try:
+            return np.asarray(view), None
+        except (ValueError, TypeError) as exc:
+            raise _fail(f"{label}: numpy cannot read this buffer ({exc})") from None
+    if hasattr(value, "__array__"):
+        arr = np.asarray(value)
+        return (arr, None) if isinstance(arr, np.ndarray) else None
+    return None
+
+
+def _from_dlpack(value: Any, label: str) -> tuple[np.ndarray[Any, Any], str | None]:
+    """``value``'s memory as an array through DLPack; a torch bfloat16
+    tensor (no numpy dtype) by its bits, as BF16."""
+    try:
+        return np.from_dlpack(value), None
+    except (AttributeError, BufferError, TypeError, ValueError, RuntimeError) as exc:
+        if "bfloat16" in str(getattr(value, "dtype", "")) and hasattr(value, "view"):
+            torch = sys.modules.get("torch")
+            if torch is not None and value.dtype is torch.bfloat16:
+                return np.from_dlpack(value.view(torch.int16)), "BF16"
+        raise _fail(
+            f"{label}: its DLPack export failed ({exc}); a tensor on another device"
+            " must be moved to the CPU first"
+        ) from None
 
 
 def _check_bools(arr: np.ndarray[Any, Any], label: str) -> None:

@@ -8,7 +8,7 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
-from ._datatypes import DATATYPES, DTYPES, DataType
+from ._datatypes import DATATYPES, DTYPES, DataType, warn_bf16_bits
 from ._errors import RemoteProtocolError
 from ._json import json_data_to_array
 from ._limits import Limits
@@ -235,6 +235,8 @@ def _tensor(t: Any, index: int, role: str, limits: Limits, seen: set[str]) -> Te
     dt = DATATYPES.get(datatype)
     if dt is None:
         raise _fail(f"invalid datatype '{datatype}' for {role} '{name}'")
+    if datatype == "BF16":
+        warn_bf16_bits(name)
     shape = _shape(t, dt, role, name)
     params = t.get("parameters")
     if params is None:

@@ -346,7 +346,7 @@ def test_a_kept_connection_is_used_again_whatever_its_descriptor() -> None:
                 async with Client("127.0.0.1", port) as c:
                     for _ in range(3):
                         assert np.array_equal((await c.infer("echo", {"x": X}))["x"], X)
-                    assert c._stream is not None and c._stream._sock.fileno() > 1023  # type: ignore[attr-defined]
+                    assert c._idle[0].stream._sock.fileno() > 1023  # type: ignore[attr-defined]
             finally:
                 await close_server(srv)
 
@@ -422,46 +422,48 @@ async def _serving(server: V2Server) -> AsyncIterator[int]:
 
 @pytest.mark.parametrize("zero_copy", [True, False])
 @pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
-def test_a_request_while_another_is_in_flight_is_refused(zero_copy: bool, warm: bool) -> None:
-    # A second task's request is refused at once: the first one's connection
-    # is neither used nor closed (nor, on a cold client, a second one opened),
-    # the first request completes, and the client serves the next one.
+def test_a_request_while_another_is_in_flight_waits_for_the_one_connection(
+    zero_copy: bool, warm: bool
+) -> None:
+    # With one connection allowed, a second task's request waits for it:
+    # both are answered, on the one connection.
     server = _Counting()
 
     async def main() -> None:
         async with (
             _serving(server) as port,
-            Client("127.0.0.1", port, zero_copy=zero_copy, timeout=10) as c,
+            Client("127.0.0.1", port, zero_copy=zero_copy, timeout=10, max_connections=1) as c,
         ):
             if warm:
                 await c.infer("echo", {"x": X})
             first = asyncio.create_task(c.infer("echo", {"x": X}))
             await asyncio.sleep(0)  # (it is waiting for the connection or the answer)
-            with pytest.raises(LocalProtocolError, match="one request at a time"):
-                await c.infer("echo", {"x": X + 1})
-            with pytest.raises(LocalProtocolError, match="one request at a time"):
-                await c.get("/v2")
-            assert np.array_equal((await first)["x"], X)
             assert np.array_equal((await c.infer("echo", {"x": X + 1}))["x"], X + 1)
+            assert (await c.get("/v2"))[0] == 200
+            assert np.array_equal((await first)["x"], X)
 
     _run(main)
     assert server.connections == 1
 
 
-def test_a_request_while_a_response_is_streamed_is_refused() -> None:
+def test_a_request_while_a_response_is_streamed_takes_another_connection() -> None:
+    server = _Counting()
+
     async def main() -> None:
-        async with _serving(V2Server()) as port, Client("127.0.0.1", port, timeout=10) as c:
+        async with _serving(server) as port, Client("127.0.0.1", port, timeout=10) as c:
             async with c.stream("echo", {"x": X}) as response:
-                with pytest.raises(LocalProtocolError, match="one request at a time"):
-                    await c.get("/v2")
+                assert (await c.get("/v2"))[0] == 200
                 assert np.array_equal((await response.tensors())["x"], X)
+            assert c.open_connections == 2
             assert (await c.get("/v2"))[0] == 200
             with pytest.raises(RuntimeError, match="left early"):
                 async with c.stream("echo", {"x": X}):
                     raise RuntimeError("left early")
+            assert c.open_connections == 1  # (the one left early is closed)
             assert (await c.get("/v2"))[0] == 200
 
     _run(main)
+    assert server.connections == 2
 
 
 def test_a_cancelled_request_lets_the_next_one_through() -> None:
@@ -479,32 +481,28 @@ def test_a_cancelled_request_lets_the_next_one_through() -> None:
 
 @pytest.mark.parametrize("zero_copy", [True, False])
 @pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
-def test_a_trio_request_while_another_is_in_flight_is_refused(zero_copy: bool, warm: bool) -> None:
+def test_a_trio_request_while_another_is_in_flight_waits_for_the_one_connection(
+    zero_copy: bool, warm: bool
+) -> None:
     server = _Counting()
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             port = await nursery.start(bt.serve, server, "127.0.0.1", 0)
-            async with bt.Client("127.0.0.1", port, zero_copy=zero_copy, timeout=10) as c:
+            async with bt.Client(
+                "127.0.0.1", port, zero_copy=zero_copy, timeout=10, max_connections=1
+            ) as c:
                 if warm:
                     await c.infer("echo", {"x": X})
                 outcomes: list[Any] = []
 
                 async def request(x: np.ndarray[Any, Any]) -> None:
-                    try:
-                        outcomes.append((await c.infer("echo", {"x": x}))["x"])
-                    except LocalProtocolError as exc:
-                        outcomes.append(exc)
+                    outcomes.append((await c.infer("echo", {"x": x}))["x"])
 
-                # Which task goes first is trio's choice: one is answered, one refused.
                 async with trio.open_nursery() as requests:
                     requests.start_soon(request, X)
-                    requests.start_soon(request, X)
-                refused, answered = outcomes  # (the refusal comes at once)
-                assert isinstance(refused, LocalProtocolError)
-                assert "one request at a time" in str(refused)
-                assert np.array_equal(answered, X)
-                assert np.array_equal((await c.infer("echo", {"x": X + 1}))["x"], X + 1)
+                    requests.start_soon(request, X + 1)
+                assert sorted(float(o[0]) for o in outcomes) == [0.0, 1.0]
             nursery.cancel_scope.cancel()
 
     trio.run(main)
@@ -656,7 +654,7 @@ def test_a_client_closed_while_its_request_connects_closes_what_it_opened(
             await c.aclose()
             with pytest.raises(LocalProtocolError, match="closed while this request"):
                 await first
-            assert len(closed) == 1 and c._stream is None  # closed, not kept past aclose()
+            assert len(closed) == 1 and c.open_connections == 0  # closed, not kept past aclose()
             assert (await c.get("/v2"))[0] == 200
             await c.aclose()
 

@@ -260,7 +260,7 @@ def _nest(value: list[Any], depth: int) -> list[Any]:
         ({"b": [b"ok", b"\xc3"]}, {"x"}, "not inputs being encoded"),
         ({"c": np.ones(2, np.complex64)}, True, "has no V2 datatype"),
         ([Tensor("f", np.ones(2), datatype="FP32")], True, "without losing information"),
-        ([Tensor("f", np.ones(2, np.float32), datatype="BF16")], True, "BF16 data must be"),
+        ([Tensor("f", np.ones(2, np.int32), datatype="BF16")], True, "BF16 data must be"),
         ([Tensor("f", np.ones(2), datatype="FP8")], True, "unknown datatype"),
         ([Tensor("f", np.ones(2), datatype="BYTES")], True, "cannot send dtype float64 as BYTES"),
         ([Tensor("s", np.array(["a"]), datatype="INT32")], True, "cannot send dtype <U1"),

@@ -88,9 +88,10 @@ def test_infer_mixed_policy_and_version_path(server: Server) -> None:
             model_version="1",
             binary={"a"},
             outputs=[RequestedOutput("b", binary_data=True), RequestedOutput("a")],
+            binary_data_output=False,
         )
     # The listed outputs, in the request's order; "a" has no binary_data and the
-    # request no binary_data_output: JSON.
+    # request asks for JSON outputs.
     assert [t.name for t in result.header.tensors] == ["b", "a"]
     assert result.header.tensor("a").binary_size is None
     assert result.header.tensor("b").binary_size == 6

@@ -311,10 +311,9 @@ def test_errors_are_v2_error_responses_and_the_client_keeps_working() -> None:
             # A bodyless GET to the infer endpoint: 405, and the connection serves on.
             status, body = await c.get("/v2/models/echo/infer")
             assert status == 405 and "not allowed" in json.loads(body)["error"]
-            stream = c._stream
-            assert stream is not None
+            (conn,) = c._idle
             assert same((await c.infer("echo", {"x": x}))["x"], x)
-            assert c._stream is stream
+            assert c._idle == [conn]
 
     run_trio(test)
 

@@ -162,10 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve(subparsers)
     from ._commands import add_encode, add_inspect
     from ._demo import add_demo
+    from ._infer import add_infer
 
     add_demo(subparsers)
     add_inspect(subparsers)
     add_encode(subparsers)
+    add_infer(subparsers)
     return parser
 
 

@@ -31,7 +31,7 @@ from .._bytes import BytesDecoder
 from .._datatypes import DATATYPES
 from .._errors import LocalProtocolError, ProtocolError
 from .._events import NEED_DATA, HeaderParsed, MessageComplete, TensorChunk, TensorComplete
-from .._header import InferenceHeader, TensorInfo
+from .._header import InferenceHeader, Kind, TensorInfo
 from .._http import HEADER_LENGTH_NAME, error_text, header_value, parser_from_headers
 from .._parser import Parser
 
@@ -442,13 +442,40 @@ def _message_headers(args: argparse.Namespace, size: int | None) -> list[tuple[s
     return headers
 
 
+def status_of(path: str) -> int | None:
+    """The status of the last HTTP status line (``HTTP/1.1 200 OK``) in a
+    headers file, as ``curl -D`` saves them (after any ``100 Continue``);
+    None when it has none (a request's head, or bare headers)."""
+    try:
+        text = Path(path).read_text(encoding="latin-1")
+    except OSError as exc:
+        raise UsageError(f"cannot read headers file {path!r}: {exc.strerror}") from None
+    status = None
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0].startswith("HTTP/") and parts[1].isdigit():
+            status = int(parts[1])
+    return status
+
+
+def _error_answer(stream: IO[bytes], status: int) -> int:
+    """Report a saved error response (its body is no inference response)."""
+    text = stream.read(1000).decode("utf-8", "replace")
+    _echo(f"the saved response is HTTP {status}: {_shown(text.strip())}", err=True)
+    return 1
+
+
 def _inspect(args: argparse.Namespace) -> int:
     _standard("stdout")  # where the report goes
+    status = status_of(args.headers) if args.headers else None
+    kind: Kind = args.kind or ("response" if status is not None else "request")
     stream, size = _open_input(args.body)
     try:
+        if kind == "response" and status is not None and status >= 300:
+            return _error_answer(stream, status)
         try:
             headers = _message_headers(args, size)
-            parser = parser_from_headers(args.kind, headers)
+            parser = parser_from_headers(kind, headers)
         except ProtocolError as exc:
             return _report(args, None, [], exc, 0)
         header, summaries, error, parsed = inspect_body(parser, _chunks(stream))
@@ -517,8 +544,10 @@ def add_inspect(subparsers: Any) -> None:
     p.add_argument(
         "--kind",
         choices=("request", "response"),
-        default="request",
-        help="whether the body is an inference request or a response (default request)",
+        default=None,
+        help="whether the body is an inference request or a response (default: a"
+        " response when the --headers file has a status line, as curl -D saves it,"
+        " else a request)",
     )
     p.add_argument(
         "--encoding", metavar="CODING", help="Content-Encoding of the body (gzip, deflate)"
@@ -583,8 +612,19 @@ def _encode(args: argparse.Namespace) -> int:
     if unknown:
         raise UsageError(f"--json-inputs names {sorted(unknown)} that are not given")
     binary = set(arrays) - json_names
+    wanted = [n for n in (args.outputs or "").split(",") if n] or None
+    asked = True if args.binary_outputs else False if args.json_outputs else None
     if args.kind == "request":
-        body = encode_request(arrays, binary=binary, model_name=args.model_name, id=args.id)
+        body = encode_request(
+            arrays,
+            binary=binary,
+            model_name=args.model_name,
+            id=args.id,
+            outputs=wanted,
+            binary_data_output=asked,
+        )
+    elif wanted is not None or asked is not None:
+        raise UsageError("--outputs, --binary-outputs and --json-outputs are for a request")
     else:
         body = encode_response(
             arrays, model_name=args.model_name or "model", id=args.id, binary=binary
@@ -704,6 +744,22 @@ def add_encode(subparsers: Any) -> None:
         "--json-inputs",
         metavar="NAMES",
         help="comma-separated tensor names sent as JSON data instead of binary",
+    )
+    p.add_argument(
+        "--outputs",
+        metavar="NAMES",
+        help="comma-separated outputs the request asks for (default: every output)",
+    )
+    wanted = p.add_mutually_exclusive_group()
+    wanted.add_argument(
+        "--binary-outputs",
+        action="store_true",
+        help="ask for binary outputs (binary_data_output: true)",
+    )
+    wanted.add_argument(
+        "--json-outputs",
+        action="store_true",
+        help="ask for JSON outputs (binary_data_output: false)",
     )
     p.add_argument("--model-name", help="model_name in the JSON header")
     p.add_argument("--id", help="id in the JSON header")
