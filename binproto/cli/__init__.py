@@ -166,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_demo(subparsers)
     add_inspect(subparsers)
     add_encode(subparsers)
+    from ._check import add_check
+
+    add_check(subparsers)
     return parser
 
 
