@@ -1,4 +1,4 @@
-"""A small threaded V2 server with an ``echo`` model and one planted fault.
+"""A small threaded V2 server with an ``echo`` model and planted faults.
 
 ``binproto check`` and ``binproto fuzz`` must find exactly the planted fault.
 Without a fault (``"none"``) the server is correct enough to pass every
@@ -56,9 +56,9 @@ class Refused(Exception):
 class FaultyServer:
     """Serves on 127.0.0.1 in daemon threads until :meth:`stop`."""
 
-    def __init__(self, fault: str = "none") -> None:
-        assert fault in FAULTS, fault
-        self.fault = fault
+    def __init__(self, *faults: str) -> None:
+        assert set(faults) <= set(FAULTS), faults
+        self.faults = set(faults)
         self.stopping = threading.Event()
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self.listener.getsockname()[1]
@@ -131,11 +131,11 @@ class FaultyServer:
         while len(buf) < size:
             data = conn.recv(65536)
             if not data:
-                if self.fault == "hang-on-truncated":
+                if "hang-on-truncated" in self.faults:
                     return None
                 raise Refused(400, "body cut short")
             buf += data
-        if self.fault == "read-past-content-length":
+        if "read-past-content-length" in self.faults:
             # The fault: trust the JSON's sizes over Content-Length.
             while len(buf) < _claimed(headers, bytes(buf)):
                 data = conn.recv(65536)
@@ -169,19 +169,19 @@ class FaultyServer:
         try:
             header_length = binproto.header_length_from(pairs)
         except binproto.RemoteProtocolError as exc:
-            status = 500 if self.fault == "500-bad-header-length" else exc.status_hint
+            status = 500 if "500-bad-header-length" in self.faults else exc.status_hint
             raise Refused(status, str(exc)) from None
         try:
             coding = binproto.content_encoding_from(pairs)
         except binproto.RemoteProtocolError as exc:
-            status = 501 if self.fault == "501-unknown-coding" else exc.status_hint
+            status = 501 if "501-unknown-coding" in self.faults else exc.status_hint
             raise Refused(status, str(exc)) from None
         try:
             request = binproto.decode_request(
                 body,
                 header_length=header_length,
                 content_encoding=coding,
-                strict_bool=self.fault != "bool-byte-2",
+                strict_bool="bool-byte-2" not in self.faults,
             )
         except binproto.RemoteProtocolError as exc:
             raise Refused(exc.status_hint, str(exc)) from None
@@ -197,15 +197,27 @@ class FaultyServer:
             if info.datatype == "BOOL":  # (the fault's bytes 2-255, sent back as true)
                 array = array.view(np.uint8) != 0
             outputs.append(binproto.Tensor(name, array, datatype=info.datatype))
-        if self.fault == "json-outputs":
-            binary = [t.name for t in outputs if t.datatype in _BINARY_ONLY]
+        if "json-outputs" in self.faults:
+            binary = [t.name for t in outputs if t.datatype in _BINARY_ONLY or not _utf8(t)]
             encoded = binproto.encode_response(outputs, model_name="echo", binary=binary)
         else:
             encoded = binproto.encode_response(outputs, model_name="echo", request=header)
         data = bytes(encoded)
-        if self.fault == "bytes-prefix":
+        if "bytes-prefix" in self.faults:
             data = _bump_bytes_prefix(data, encoded.header_length)
         return 200, [h for h in encoded.headers if h[0] != "Content-Length"], data
+
+
+def _utf8(tensor: binproto.Tensor) -> bool:
+    """False for a BYTES tensor JSON cannot carry."""
+    if tensor.datatype != "BYTES":
+        return True
+    try:
+        for item in np.asarray(tensor.array).ravel():
+            bytes(item).decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _error(message: str) -> bytes:
@@ -262,9 +274,10 @@ def _dechunk(conn: socket.socket, buf: bytearray) -> bytes:
 
 
 @contextlib.contextmanager
-def running_faulty_server(fault: str = "none") -> Iterator[int]:
-    """Serve with ``fault`` planted; yields the port on 127.0.0.1."""
-    server = FaultyServer(fault)
+def running_faulty_server(*faults: str) -> Iterator[int]:
+    """Serve with ``faults`` planted (``"none"``, or none given: no fault);
+    yields the port on 127.0.0.1."""
+    server = FaultyServer(*faults)
     try:
         yield server.port
     finally:

@@ -49,7 +49,7 @@ def test_check_fails_exactly_the_planted_fault(fault: str) -> None:
     # A hang is reported as such, within the deadline.
     for o in outcomes:
         if o.seen == "timeout":
-            assert 1.0 <= o.seconds < 2.0
+            assert 1.0 <= o.seconds < 4.0
 
 
 def test_a_must_failure_fails_the_run(tmp_path: Path) -> None:

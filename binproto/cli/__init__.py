@@ -167,8 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_inspect(subparsers)
     add_encode(subparsers)
     from ._check import add_check
+    from ._fuzz import add_fuzz
 
     add_check(subparsers)
+    add_fuzz(subparsers)
     return parser
 
 
