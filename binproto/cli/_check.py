@@ -138,8 +138,8 @@ def judge(case: Case, request: Request, reply: Reply, *, echo: bool = False) -> 
         if 400 <= status < 500:
             return "pass", text
         return "fail", f"expected a 4xx, got {status}: {text}"
-    if case.expect == "coding" and status == 415:
-        return "n/a", "the server does not take this coding (415)"
+    if case.expect == "coding" and 400 <= status < 500:
+        return "n/a", f"refused ({status}): the server does not take this coding: {text}"
     if status != 200:
         return "fail", f"expected 200, got {status}: {text}"
     if case.expect == "listed":

@@ -154,13 +154,11 @@ def _asked_binary(request: Request) -> bool:
     return wanted and header.requested_outputs is None
 
 
-def _strategy(specs: list[TensorSpec]) -> Any:
+def _strategy(specs: list[TensorSpec], encodings: tuple[str | None, ...]) -> Any:
     """The hypothesis strategy of (request, expect) pairs."""
     import hypothesis.strategies as st
 
     from ..testing import chunkings, invalid_model_requests, model_requests
-
-    encodings = (None, "gzip", "deflate")
 
     @st.composite
     def requests(draw: Any) -> tuple[Request, str]:
@@ -267,16 +265,18 @@ def fuzz(
     out: Path | None = None,
     max_requests: int | None = None,
     reduce_budget: float = 10.0,
+    encodings: tuple[str | None, ...] = (None, "gzip", "deflate"),
 ) -> FuzzReport:
     """Send random requests to ``model`` for ``duration`` seconds (or
-    ``max_requests``); each kind of finding is reduced and saved to ``out``."""
+    ``max_requests``); each kind of finding is reduced and saved to ``out``.
+    ``encodings`` are the request bodies' content codings (None: none)."""
     from hypothesis import HealthCheck, Phase, find, settings
     from hypothesis.errors import NoSuchExample
 
     report = FuzzReport(seed)
     start = time.monotonic()
     path = f"/v2/models/{model}/infer"
-    strategy = _strategy(specs)
+    strategy = _strategy(specs, encodings)
 
     def send(request: Request, expect: str) -> tuple[Reply, tuple[str, str] | None]:
         reply = exchange(target, request, timeout)
@@ -365,6 +365,7 @@ def _fuzz(args: argparse.Namespace) -> int:
         against=against,
         out=Path(args.out),
         max_requests=args.max_requests,
+        encodings=args.encodings,
     )
     seen = ", ".join(f"{k}: {v}" for k, v in sorted(report.seen.items()))
     print(f"{report.requests} requests in {report.seconds:.1f} s (seed {report.seed}); {seen}")
@@ -428,4 +429,18 @@ def add_fuzz(subparsers: Any) -> None:
         metavar="DIR",
         help="where findings are saved (default ./binproto-fuzz)",
     )
+    p.add_argument(
+        "--encodings",
+        type=_encodings,
+        default=(None, "gzip", "deflate"),
+        metavar="LIST",
+        help="request codings to use, of identity, gzip, deflate (default all three)",
+    )
     p.set_defaults(func=_fuzz)
+
+
+def _encodings(text: str) -> tuple[str | None, ...]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names or not set(names) <= {"identity", "gzip", "deflate"}:
+        raise argparse.ArgumentTypeError(f"codings are identity, gzip, deflate; got {text!r}")
+    return tuple(None if n == "identity" else n for n in names)
