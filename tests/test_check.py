@@ -102,3 +102,11 @@ def test_the_curl_reproducer_gets_the_same_status(server: Target, tmp_path: Path
     for o in outcomes:
         done = subprocess.run(o.curl, shell=True, capture_output=True, timeout=30, check=True)
         assert done.stdout.startswith(f"HTTP/1.1 {o.seen} ".encode()), (o.id, done.stdout[:80])
+
+
+def test_every_case_is_documented_with_its_level_and_clause() -> None:
+    doc = Path(__file__).resolve().parents[1] / "docs" / "testing.md"
+    rows = [line for line in doc.read_text().splitlines() if line.startswith("| `")]
+    for c in CASES:
+        (row,) = [r for r in rows if f"`{c.id}`" in r]
+        assert f"| {c.level} |" in row and c.clause.split(";")[0] in row, c.id
