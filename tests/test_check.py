@@ -89,8 +89,10 @@ def test_cli_reports_and_exit_status(
     assert data["summary"]["fail"] == 0 and data["server"]["name"] == "binproto"
     assert len(data["cases"]) == len(CASES)
     assert "<table>" in page.read_text() and "bool-byte-2" in page.read_text()
-    # A model that does not exist cannot be checked: exit status 2.
+    # A model that does not exist cannot be checked, nor a server that is not
+    # there: exit status 2.
     assert main(["check", server.url, "--model", "nope", "--out", str(out)]) == 2
+    assert main(["check", "http://127.0.0.1:1", "--out", str(out)]) == 2
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
