@@ -38,9 +38,9 @@ def test_finds_the_500_and_the_hang_and_reduces_them(tmp_path: Path) -> None:
             SPECS,
             duration=60,
             seed=0,
-            timeout=0.3,
+            timeout=0.5,
             out=tmp_path,
-            max_requests=60,
+            max_requests=50,
             reduce_budget=2,
         )
         assert set(report.findings) == {"5xx", "hang"}
