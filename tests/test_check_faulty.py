@@ -30,7 +30,7 @@ EXPECTED = {
         "output-binary-data-true",
         "bytes-binary-both-ways",
     },
-    "bytes-prefix": {"bytes-binary-both-ways"},
+    "bytes-prefix": {"bytes-binary-both-ways", "datatype-bytes-binary"},
     "501-unknown-coding": {"unknown-coding"},
 }
 

@@ -295,7 +295,11 @@ def _datatype_build(datatype: str, binary: bool) -> Builder:
         if model is None:
             return NO_MODEL if not ctx.models else f"no model takes {datatype}"
         plan = Plan.make(model, datatype, binary=binary)
-        return plan.request() if binary else plan.json_request()
+        if not binary:
+            return plan.json_request()
+        # Binary both ways: FP16 and BF16 outputs have no JSON form to ask for.
+        plan.top["parameters"] = {"binary_data_output": True}
+        return plan.request()
 
     return build
 
@@ -311,7 +315,7 @@ for _dt in DATATYPES:
             else "ext: every datatype has a binary form",
             "SHOULD" if _dt == "BF16" else "MUST",
             "accept",
-            f"{_dt} input, binary",
+            f"{_dt} input and outputs, binary",
             _datatype_build(_dt, True),
         )
     )
