@@ -10,10 +10,13 @@ reset, or no answer before the deadline.
 from __future__ import annotations
 
 import shlex
-import socket
 import time
 import urllib.parse
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # (socket is imported when a request is sent, not when the CLI starts)
+    import socket
 
 __all__ = ["Reply", "Request", "Target", "exchange"]
 
@@ -244,6 +247,8 @@ def _read_chunked(reader: _Reader) -> bytes | None:
 def exchange(target: Target, request: Request, timeout: float) -> Reply:
     """Send ``request`` on a new connection and read the answer, all within
     ``timeout`` seconds. Never raises for what the server does."""
+    import socket
+
     start = time.monotonic()
     deadline = start + timeout
     reply = Reply("unreachable")
