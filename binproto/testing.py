@@ -22,6 +22,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+import math
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -40,12 +41,16 @@ from ._header import Kind
 from ._http import HEADER_LENGTH_NAME
 from ._limits import Limits
 from ._parser import Parser
+from ._raw import TensorSpec
 
 __all__ = [
     "ALL_DATATYPES",
     "Body",
     "chunkings",
     "invalid_bodies",
+    "invalid_model_requests",
+    "model_inputs",
+    "model_requests",
     "request_bodies",
     "response_bodies",
     "tensors",
@@ -147,27 +152,36 @@ def tensors(
     """
     datatype = draw(st.sampled_from(list(datatypes)))
     shape = draw(hnp.array_shapes(min_dims=0, max_dims=max_dims, min_side=0, max_side=max_side))
+    return datatype, draw(_arrays(datatype, shape, allow_nan))
+
+
+@st.composite
+def _arrays(
+    draw: st.DrawFn, datatype: str, shape: tuple[int, ...], allow_nan: bool, utf8: bool = False
+) -> np.ndarray[Any, Any]:
+    """An array of ``datatype`` and ``shape`` (BYTES elements UTF-8 with ``utf8``)."""
     dt = DATATYPES[datatype]
     if datatype == "BYTES":
+        element = st.text(max_size=6).map(str.encode) if utf8 else st.binary(max_size=12)
         items = draw(
             st.lists(
-                st.binary(max_size=12),
+                element,
                 min_size=int(np.prod(shape, dtype=np.int64)),
                 max_size=int(np.prod(shape, dtype=np.int64)),
             )
         )
         arr = np.empty(len(items), dtype=object)
         arr[:] = items
-        return datatype, arr.reshape(shape)
+        return arr.reshape(shape)
     if datatype == "BF16" or dt.dtype.kind not in "biuf":
         bits = draw(hnp.arrays(np.dtype("<u2"), shape))
-        return datatype, bits.view(dt.dtype)
+        return bits.view(dt.dtype)
     elements = None
     if dt.dtype.kind == "f":
         elements = st.floats(
             allow_nan=allow_nan, allow_infinity=allow_nan, width=_FLOAT_WIDTHS[dt.dtype.itemsize]
         )
-    return datatype, draw(hnp.arrays(dt.dtype, shape, elements=elements))
+    return draw(hnp.arrays(dt.dtype, shape, elements=elements))
 
 
 def _wire_bytes(datatype: str, arr: np.ndarray[Any, Any]) -> bytes:
@@ -366,3 +380,219 @@ def chunkings(body: bytes, *, max_cuts: int = 8) -> st.SearchStrategy[list[bytes
         return [body[a:b] for a, b in itertools.pairwise(edges) if b > a]
 
     return st.lists(st.integers(0, max(len(body), 1)), max_size=max_cuts).map(cut)
+
+
+# -- strategies for one model ------------------------------------------------------------
+
+
+def model_inputs(model: Any) -> list[TensorSpec]:
+    """A model's inputs as :class:`~binproto.TensorSpec` objects.
+
+    ``model`` is the model metadata (``GET /v2/models/{m}``) as a dict or as
+    JSON text, or a sequence of ``TensorSpec`` or of ``{"name", "datatype",
+    "shape"}`` dicts. A ``-1`` dimension is variable.
+    """
+    if isinstance(model, (str, bytes)):
+        model = json.loads(model)
+    if isinstance(model, Mapping):
+        model = model.get("inputs") or []
+    specs = []
+    for item in model:
+        if isinstance(item, TensorSpec):
+            specs.append(item)
+        else:
+            specs.append(TensorSpec(item["name"], item["datatype"], item["shape"]))
+    return specs
+
+
+@st.composite
+def model_requests(
+    draw: st.DrawFn,
+    inputs: Any,
+    *,
+    encodings: Sequence[str | None] = (None,),
+    max_side: int = 4,
+    binary: bool | None = None,
+    allow_nan: bool = True,
+    binary_output: bool | None = None,
+) -> Body:
+    """Valid requests for one model: each input of ``inputs`` with its datatype
+    and a shape that fits its own (a ``-1`` dimension drawn from 0 to
+    ``max_side``).
+
+    ``inputs`` is anything :func:`model_inputs` takes. ``binary`` sends every
+    input binary (True), as JSON where it can (False), or each at random
+    (None); FP16 and BF16 always go binary. NaN and infinities appear only in
+    binary tensors (JSON has no token for them). ``binary_output`` sets the
+    request's ``binary_data_output`` parameter (None: absent or random). The
+    result's ``tensors`` are the inputs, by name.
+    """
+    specs = model_inputs(inputs)
+    entries: list[dict[str, Any]] = []
+    expected: dict[str, np.ndarray[Any, Any]] = {}
+    payload = bytearray()
+    for spec in specs:
+        shape = tuple(d if d >= 0 else draw(st.integers(0, max_side)) for d in spec.shape)
+        as_binary = spec.datatype in _BINARY_ONLY or (
+            draw(st.booleans()) if binary is None else binary
+        )
+        arr = draw(_arrays(spec.datatype, shape, allow_nan and as_binary, utf8=not as_binary))
+        entry: dict[str, Any] = {"name": spec.name, "datatype": spec.datatype, "shape": list(shape)}
+        if as_binary:
+            data = _wire_bytes(spec.datatype, arr)
+            entry["parameters"] = {"binary_data_size": len(data)}
+            payload += data
+        else:
+            entry["data"] = _json_data(spec.datatype, arr, draw(st.booleans()))
+        entries.append(entry)
+        expected[spec.name] = arr
+    header: dict[str, Any] = {"inputs": entries}
+    if draw(st.booleans()):
+        header["id"] = draw(st.text(max_size=6))
+    if binary_output is None and draw(st.booleans()):
+        header["parameters"] = {"binary_data_output": draw(st.booleans())}
+    elif binary_output is not None:
+        header["parameters"] = {"binary_data_output": binary_output}
+    encoding = draw(st.sampled_from(list(encodings)))
+    plain_json = draw(st.booleans())
+    return _assemble(
+        "request", header, bytes(payload), bool(payload), plain_json, encoding, expected
+    )
+
+
+#: The mutations of :func:`invalid_model_requests`.
+MODEL_MUTATIONS = (
+    "truncate",
+    "append",
+    "header_length",
+    "binary_size",
+    "shape",
+    "negative_dim",
+    "datatype",
+    "bool_byte",
+    "bytes_prefix",
+)
+
+
+@st.composite
+def invalid_model_requests(
+    draw: st.DrawFn,
+    inputs: Any,
+    *,
+    encodings: Sequence[str | None] = (None,),
+    mutations: Sequence[str] = MODEL_MUTATIONS,
+) -> Body:
+    """Requests for one model that a correct server must refuse (4xx): a
+    request of :func:`model_requests`, mutated.
+
+    Each mutation makes the body certainly invalid: cut short, stray bytes
+    after it, a wrong Inference-Header-Content-Length or ``binary_data_size``,
+    a shape whose element count is not the data's, a negative dimension, an
+    unknown datatype, a BOOL byte other than 0 or 1, or a BYTES length prefix
+    that runs past its tensor. Compressed bodies are mutated before they are
+    compressed. ``mutation`` on the result says which; a mutation that does
+    not fit the drawn request (no binary tensor to resize) falls back to
+    cutting the body short.
+    """
+    base: Body = draw(model_requests(inputs, encodings=encodings))
+    how = draw(st.sampled_from(list(mutations)))
+    header = json.loads(json.dumps(base.header))
+    binary = bytearray(base.binary)
+    header_length = base.header_length
+    binaries = _binary_entries(header)
+    changed = True
+    if how == "truncate" or not header["inputs"]:
+        how, changed = "truncate", False
+    elif how == "append":
+        binary += b"\xff" + draw(st.binary(max_size=8))
+    elif how == "header_length" and header_length is not None:
+        js_len = len(json.dumps(header).encode())
+        delta = draw(st.integers(1, 64))
+        if draw(st.booleans()) and js_len > delta:
+            delta = -delta  # (never 0: that is a raw request)
+        return _finish(base, how, header, binary, js_len + delta)
+    elif how == "binary_size" and binaries:
+        entry, _ = draw(st.sampled_from(binaries))
+        size = entry["parameters"]["binary_data_size"]
+        delta = draw(st.integers(1, 8))
+        entry["parameters"]["binary_data_size"] = size - delta if size >= delta else size + delta
+    elif how == "shape":
+        entry = draw(st.sampled_from(header["inputs"]))
+        entry["shape"] = [math.prod(entry["shape"]) + 1]
+        if "data" in entry:
+            entry["data"] = _flat(entry["data"])
+    elif how == "negative_dim":
+        entry = draw(st.sampled_from(header["inputs"]))
+        entry["shape"] = [*entry["shape"], -draw(st.integers(1, 3))]
+    elif how == "datatype":
+        entry = draw(st.sampled_from(header["inputs"]))
+        entry["datatype"] = draw(st.sampled_from(["FP33", "fp32", "", "STRING"]))
+    elif how == "bool_byte" and (spots := _spans(binaries, "BOOL")):
+        start, size = draw(st.sampled_from(spots))
+        binary[start + draw(st.integers(0, size - 1))] = draw(st.integers(2, 255))
+    elif how == "bytes_prefix" and (spots := _spans(binaries, "BYTES")):
+        start, size = draw(st.sampled_from(spots))
+        last = _last_prefix(bytes(binary[start : start + size]))
+        at = start + last
+        length = int.from_bytes(binary[at : at + 4], "little")
+        # The last element ends where its tensor ends: a longer one runs past it.
+        binary[at : at + 4] = (length + draw(st.integers(1, 1000))).to_bytes(4, "little")
+    else:
+        how, changed = "truncate", False
+    if not changed:  # cut the body short, after compression
+        cut = draw(st.integers(0, len(base.body) - 1)) if base.body else 0
+        return _invalid(base, how, body=base.body[:cut])
+    js_len = len(json.dumps(header).encode())
+    return _finish(base, how, header, binary, None if header_length is None else js_len)
+
+
+def _binary_entries(header: dict[str, Any]) -> list[tuple[dict[str, Any], int]]:
+    """The inputs sent binary, each with the offset of its bytes."""
+    out, offset = [], 0
+    for entry in header["inputs"]:
+        size = (entry.get("parameters") or {}).get("binary_data_size")
+        if size is not None:
+            out.append((entry, offset))
+            offset += size
+    return out
+
+
+def _spans(entries: list[tuple[dict[str, Any], int]], datatype: str) -> list[tuple[int, int]]:
+    """(offset, size) of the non-empty binary tensors of ``datatype``."""
+    return [
+        (offset, e["parameters"]["binary_data_size"])
+        for e, offset in entries
+        if e["datatype"] == datatype and e["parameters"]["binary_data_size"] > 0
+    ]
+
+
+def _last_prefix(data: bytes) -> int:
+    """The offset of the last element's length prefix in a BYTES tensor."""
+    at = last = 0
+    while at < len(data):
+        last = at
+        at += 4 + int.from_bytes(data[at : at + 4], "little")
+    return last
+
+
+def _flat(data: Any) -> list[Any]:
+    if not isinstance(data, list):
+        return [data]
+    return [x for item in data for x in _flat(item)]
+
+
+def _finish(
+    base: Body, how: str, header: dict[str, Any], binary: bytearray, header_length: int | None
+) -> Body:
+    js = json.dumps(header).encode()
+    body = _compress(js + bytes(binary), base.content_encoding)
+    return replace(
+        base,
+        body=body,
+        header_length=header_length,
+        header=header,
+        binary=bytes(binary),
+        valid=False,
+        mutation=how,
+        tensors={},
+    )

@@ -160,14 +160,18 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="command")
     subparsers.required = True
     add_serve(subparsers)
+    from ._check import add_check
     from ._commands import add_encode, add_inspect
     from ._demo import add_demo
+    from ._fuzz import add_fuzz
     from ._infer import add_infer
 
     add_demo(subparsers)
     add_inspect(subparsers)
     add_encode(subparsers)
     add_infer(subparsers)
+    add_check(subparsers)
+    add_fuzz(subparsers)
     return parser
 
 

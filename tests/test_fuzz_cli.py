@@ -1,0 +1,117 @@
+"""``binproto fuzz``: finds planted faults fast, nothing in binproto's servers,
+and replays by seed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from binproto import TensorSpec
+from binproto.cli import main
+from binproto.cli._fuzz import DEFAULT_INPUTS, fuzz, parse_duration
+from binproto.cli._wire import Target, exchange
+
+from .faulty_server import running_faulty_server
+from .interop.binproto_servers import running_binproto_server
+
+SPECS = list(DEFAULT_INPUTS)
+
+
+def test_durations() -> None:
+    assert [parse_duration(t) for t in ("60", "60s", "500ms", "2m", "1.5h")] == [
+        60,
+        60,
+        0.5,
+        120,
+        5400,
+    ]
+
+
+def test_finds_the_500_and_the_hang_and_reduces_them(tmp_path: Path) -> None:
+    with running_faulty_server("500-bad-header-length", "hang-on-truncated") as port:
+        target = Target("127.0.0.1", port)
+        report = fuzz(
+            target,
+            "echo",
+            SPECS,
+            duration=60,
+            seed=0,
+            timeout=0.5,
+            out=tmp_path,
+            max_requests=50,
+            reduce_budget=2,
+        )
+        assert set(report.findings) == {"5xx", "hang"}
+        five = report.findings["5xx"]
+        assert five.seen == "500" and five.reduced is not None
+        assert len(five.reduced.body) <= len(five.request.body)
+        # The reduced reproducer, sent again, is still a 500.
+        assert exchange(target, five.reduced, 5).status == 500
+        hang = report.findings["hang"]
+        assert hang.seen == "timeout" and hang.request.end_input
+    saved = json.loads((tmp_path / f"5xx-{five.index}.json").read_text())
+    assert saved["seed"] == 0 and saved["kind"] == "5xx" and saved["curl"].startswith("curl ")
+    assert Path(five.files[0]).read_bytes().startswith(b"POST /v2/models/echo/infer HTTP/1.1")
+
+
+def test_a_seed_replays_the_same_requests() -> None:
+    def run(seed: int) -> list[tuple[str, int, bytes]]:
+        with running_faulty_server("500-bad-header-length") as port:
+            target = Target("127.0.0.1", port)
+            report = fuzz(
+                target, "echo", SPECS, seed=seed, timeout=2, max_requests=80, reduce_budget=0
+            )
+        return [(k, f.index, f.request.body) for k, f in sorted(report.findings.items())]
+
+    first = run(3)
+    assert first and first == run(3)
+    assert run(4) != first
+
+
+def test_nothing_found_in_binproto_echo_server_on_two_backends() -> None:
+    pytest.importorskip("trio")
+    with running_binproto_server("asyncio") as a, running_binproto_server("trio") as b:
+        report = fuzz(
+            Target("127.0.0.1", a),
+            "echo",
+            SPECS,
+            seed=1,
+            timeout=5,
+            echo=True,
+            against=Target("127.0.0.1", b),
+            max_requests=300,
+        )
+    assert report.requests == 300
+    assert report.findings == {}
+    assert report.seen.get("200", 0) > 50 and report.seen.get("4xx", 0) > 50
+
+
+def test_against_reports_a_disagreement() -> None:
+    bools = [TensorSpec("flags", "BOOL", [-1])]
+    with running_binproto_server("asyncio") as good, running_faulty_server("bool-byte-2") as bad:
+        report = fuzz(
+            Target("127.0.0.1", good),
+            "echo",
+            bools,
+            seed=0,
+            timeout=5,
+            against=Target("127.0.0.1", bad),
+            max_requests=400,
+            reduce_budget=1,
+        )
+    assert set(report.findings) == {"disagreement"}
+    assert report.findings["disagreement"].detail.startswith("4")  # (binproto refused)
+
+
+def test_cli_exit_status_and_findings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with running_binproto_server("asyncio") as port:
+        argv = ["fuzz", f"http://127.0.0.1:{port}", "--model", "echo", "--echo"]
+        assert main([*argv, "--max-requests", "40", "--out", str(tmp_path / "a")]) == 0
+    assert "no findings" in capsys.readouterr().out
+    with running_faulty_server("500-bad-header-length") as port:
+        argv = ["fuzz", f"http://127.0.0.1:{port}", "--model", "echo", "--seed", "0"]
+        assert main([*argv, "--max-requests", "80", "--out", str(tmp_path / "b")]) == 1
+    out = capsys.readouterr().out
+    assert "FINDING 5xx" in out and str(tmp_path / "b") in out
