@@ -53,6 +53,7 @@ from ._header import InferenceHeader, Kind
 from ._limits import Limits
 from ._raw import TensorSpec, raw_header
 from ._readers import (
+    MESSAGE_COMPLETE,
     ChunkQueue,
     TensorReader,
     check_announced,
@@ -183,10 +184,8 @@ class Parser:
         )
         # The decompressed body's length, when known before parsing.
         self._body_length = content_length if encoding is None else None
-        # Body bytes still to come, when that is known; bytes received past
-        # them are held back as a fault raised once the body's events are out
-        # (so the events before it are the same for every chunking).
-        self._room = self._body_length
+        # Bytes past content_length that came with the body's last ones: the
+        # fault raised by the call after MessageComplete (see _read_end).
         self._past_end: RemoteProtocolError | None = None
         self._raw_input = raw_input if header_length == 0 else None
         if self._raw_input is not None:
@@ -289,18 +288,8 @@ class Parser:
         queue = self._queue
         if self._reader is None or queue.input_ended or not data:
             self._receive_edge(data)  # the end mark, or anything after the end
-            return
-        room = self._room
-        if room is not None:
-            if len(data) > room:
-                # Past content_length: the body's bytes are parsed first, as
-                # when the rest comes in a later call.
-                self._past_end = self._additional_data(self._body_length or 0)
-                data = data[:room]
-            self._room = room - len(data)
-            if not data:
-                return
-        queue.append(data)
+        else:
+            queue.append(data)
 
     @staticmethod
     def _additional_data(offset: int) -> RemoteProtocolError:
@@ -407,7 +396,17 @@ class Parser:
 
     def _read_end(self) -> Event | NeedData:
         assert self._tensors is not None
-        event = read_end(self._queue, self._tensors.position, self._body_length)
+        position = self._tensors.position
+        if position == self._body_length and self._queue.has_data():
+            # Bytes past content_length came with the body's last ones: the
+            # body's events come first, MessageComplete included, as when they
+            # come in a later call; the next call raises (the same events for
+            # every chunking). Checked once, at the end, not per chunk.
+            self._past_end = self._additional_data(position)
+            self._queue.clear()
+            self._state, self._reader = _DONE, None
+            return MESSAGE_COMPLETE
+        event = read_end(self._queue, position, self._body_length)
         if event is NEED_DATA:
             self._state, self._reader = _END, Parser._read_end
         else:

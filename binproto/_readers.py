@@ -21,6 +21,7 @@ from ._limits import Limits
 from ._util import check_bool
 
 __all__ = [
+    "MESSAGE_COMPLETE",
     "TENSOR_CHECKS",
     "BoolCheck",
     "ChunkQueue",
@@ -422,8 +423,8 @@ class TensorReader:
         )
 
 
-# The one MessageComplete: it has no fields, so every parser can return the same.
-_MESSAGE_COMPLETE = MessageComplete()
+#: The one MessageComplete: it has no fields, so every parser can return the same.
+MESSAGE_COMPLETE = MessageComplete()
 
 
 def read_end(queue: ChunkQueue, position: int, length: int | None) -> MessageComplete | NeedData:
@@ -434,5 +435,5 @@ def read_end(queue: ChunkQueue, position: int, length: int | None) -> MessageCom
             "unexpected additional input data after the end of the message", offset=position
         )
     if position == length or queue.ended:
-        return _MESSAGE_COMPLETE
+        return MESSAGE_COMPLETE
     return NEED_DATA
