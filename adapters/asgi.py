@@ -88,6 +88,10 @@ if TYPE_CHECKING:
     from starlette.responses import Response as _ResponseBase
 
     from binproto import BodyWriter, EncodedBody
+
+    from ._app import InferRequest, Model, StreamingResponse, echo_model
+    from ._asgi_app import V2App
+    from ._intake import InferenceError
 else:
     try:
         from starlette.responses import Response as _ResponseBase
@@ -103,18 +107,27 @@ except ImportError:  # pragma: no cover - Starlette is optional
         """Never raised: Starlette is not installed."""
 
 
+#: Names of the V2 application importable from here too.
+_APP_NAMES = ("InferRequest", "InferenceError", "Model", "StreamingResponse", "echo_model")
+
 __all__ = [
     "CHUNK_SIZE",
     "BodySource",
     "BufferResponse",
     "ClientDisconnected",
     "EncodedResponse",
+    "InferRequest",
+    "InferenceError",
     "Message",
+    "Model",
     "Receive",
     "Scope",
     "Send",
+    "StreamingResponse",
+    "V2App",
     "WriterResponse",
     "body_chunks",
+    "echo_model",
     "error_response",
     "iter_events",
     "parser_from_scope",
@@ -757,7 +770,8 @@ def error_response(error: BaseException | str, status: int | None = None) -> Buf
 
     The status is ``status``, else a :class:`binproto.ProtocolError`'s
     ``status_hint``, else 400. A 415 (unsupported content encoding) also
-    names the encodings binproto decodes in ``Accept-Encoding``.
+    names the encodings binproto decodes in ``Accept-Encoding``; a 503 says
+    ``Retry-After: 1``.
     """
     if isinstance(error, ProtocolError):
         code = status if status is not None else error.status_hint
@@ -768,4 +782,20 @@ def error_response(error: BaseException | str, status: int | None = None) -> Buf
     if code == 415:
         # Tell the client which content codings it may use instead (RFC 7694).
         headers.append(("accept-encoding", ", ".join(ENCODINGS)))
+    if code == 503:  # busy, not broken: say when to come back
+        headers.append(("retry-after", "1"))
     return BufferResponse([payload], code, headers)
+
+
+def __getattr__(name: str) -> Any:
+    # The whole V2 application (and the names its models are written with)
+    # live in modules that import this one: looked up when first asked for.
+    if name == "V2App":
+        from ._asgi_app import V2App
+
+        return V2App
+    if name in _APP_NAMES:
+        from . import server
+
+        return getattr(server, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
