@@ -260,6 +260,15 @@ class V2App:
         r = _route_of(target)
         method: str = scope["method"]
         try:
+            fields = _scope_fields(scope)
+            if (
+                fields.get("content-length") is not None
+                and fields.get("transfer-encoding") is not None
+            ):
+                # Two framings (uvicorn's h11 server takes the chunks): a proxy in
+                # front may have meant the other and smuggled a request into the body.
+                await _error(scope, receive, send, _BOTH_LENGTHS, close=True)
+                return
             if (
                 r.kind != "not_found"
                 and method != r.method
@@ -340,15 +349,24 @@ async def _json(send: Send, obj: Any) -> None:
     await send({"type": "http.response.body", "body": payload, "more_body": False})
 
 
+#: The refusal of a request with both Content-Length and Transfer-Encoding (as V2Server's).
+_BOTH_LENGTHS = RemoteProtocolError(
+    "a request may not carry both Content-Length and Transfer-Encoding"
+)
+
+
 async def _error(
     scope: Scope,
     receive: Receive,
     send: Send,
     exc: ProtocolError | InferenceError,
     reader: AsgiBodyReader | None = None,
+    *,
+    close: bool = False,
 ) -> None:
     """Send a V2 error response; first read what the client still sends of
-    its body (within bounds), so that it sees the answer."""
+    its body (within bounds), so that it sees the answer. ``close`` asks the
+    server to close the connection after it."""
     if reader is not None:
         if reader.budget is not None:  # a failed request holds no body
             reader.budget.release(reader)
@@ -364,6 +382,8 @@ async def _error(
             response.raw_headers.append((b"allow", exc.allow.encode()))
     else:
         response = error_response(exc)
+    if close:
+        response.raw_headers.append((b"connection", b"close"))
     await response(scope, receive, send)
 
 

@@ -47,8 +47,9 @@ def as_v2app(server: V2Server) -> V2App:
 class Running:
     """A server on one backend, in a thread with its own event loop."""
 
-    def __init__(self, backend: str, app: V2Server) -> None:
+    def __init__(self, backend: str, app: V2Server, *, http: str = "auto") -> None:
         self.backend = backend
+        self.http = http  # uvicorn's HTTP implementation: "auto", "h11" or "httptools"
         self.port = 0
         self._ready = threading.Event()
         self._stop: Callable[[], object] | None = None
@@ -73,7 +74,9 @@ class Running:
 
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
-        config = uvicorn.Config(as_v2app(app), log_level="warning", lifespan="off")
+        config = uvicorn.Config(
+            as_v2app(app), log_level="warning", lifespan="off", http=self.http
+        )
         server = uvicorn.Server(config)
         loop = asyncio.get_running_loop()
 
