@@ -74,9 +74,7 @@ class Running:
 
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
-        config = uvicorn.Config(
-            as_v2app(app), log_level="warning", lifespan="off", http=self.http
-        )
+        config = uvicorn.Config(as_v2app(app), log_level="warning", lifespan="off", http=self.http)
         server = uvicorn.Server(config)
         loop = asyncio.get_running_loop()
 
