@@ -1,0 +1,27 @@
+"""Models for the ``binproto serve MODULE:ATTR`` tests: each answers with
+the id of the process that served it."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from binproto.adapters.server import InferRequest, Model, echo_model
+
+
+async def _pid(request: InferRequest) -> dict[str, Any]:
+    await request.tensors()
+    return {"pid": np.array([os.getpid()], dtype=np.int64)}
+
+
+MODELS = [Model("pid", _pid), echo_model()]
+
+
+def make_models() -> list[Model]:
+    """A factory: called in each process."""
+    return [Model("pid", _pid)]
+
+
+NOT_MODELS = 42
