@@ -14,14 +14,16 @@ none of them (see :class:`BodyReader`). When the stream also supports
 ``receive_into`` and the body is not compressed, binary tensor bytes are
 received straight into the tensor's destination array (see
 :meth:`binproto.Parser.next_tensor_region`).
+
+This module is the HTTP/1.1 connection loop and its body reader. The V2
+application it answers with (models, routes, statuses) is in ``_app``, the
+body intake in ``_intake``, the stream protocols in ``_streams`` and the
+remembered heads in ``_heads``; users import from :mod:`binproto.adapters.server`.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import numbers
-import re
 import time
 import traceback
 from collections.abc import (
@@ -31,7 +33,7 @@ from collections.abc import (
     Sequence,
 )
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol, cast, runtime_checkable
+from typing import Any, cast
 
 try:
     import h11
@@ -39,7 +41,6 @@ except ModuleNotFoundError as exc:  # an optional dependency: say which extra br
     from binproto.adapters import missing_extra
 
     raise missing_extra(exc, "h11") from None
-import numpy as np
 
 import binproto
 from binproto import (
@@ -51,7 +52,6 @@ from binproto import (
     RemoteProtocolError,
     body_claims,
 )
-from binproto._http import CREDENTIAL_HEADERS, KeptOnSecondSight
 from binproto._util import aligned_copy
 from binproto._writer import response_start
 
@@ -72,6 +72,11 @@ from ._app import Handler as Handler
 from ._app import HandlerResult as HandlerResult
 from ._app import RequestHead as RequestHead
 from ._app import _remembered_route as _remembered_route
+from ._heads import REMEMBERED_HEAD_BYTES as REMEMBERED_HEAD_BYTES
+from ._heads import REMEMBERED_HEADER_LINES as REMEMBERED_HEADER_LINES
+from ._heads import REMEMBERED_HEADS as REMEMBERED_HEADS
+from ._heads import Head, _split_at_head_end
+from ._heads import KnownHeads as KnownHeads
 from ._intake import THREAD_HEADER as THREAD_HEADER
 from ._intake import THREAD_JSON as THREAD_JSON
 from ._intake import (
@@ -83,6 +88,21 @@ from ._intake import (
 from ._intake import YIELD_BYTES as YIELD_BYTES
 from ._intake import BodySource as BodySource
 from ._intake import json_output_elements as json_output_elements
+from ._streams import CHUNK as CHUNK
+from ._streams import (
+    ByteStream,
+    Capabilities,
+    HalfCloses,
+    ProbesIdle,
+    ReadsAhead,
+    ReceivesInto,
+    Recycles,
+    RunsInThreads,
+    Timeouts,
+    Yields,
+    capabilities,
+)
+from ._streams import seconds_or_none as seconds_or_none
 from .h11 import (
     ResponseFramer,
     content_length_of,
@@ -123,8 +143,6 @@ __all__ = [
 
 log = logging.getLogger("binproto.server")
 
-#: Bytes asked of the stream per read when not receiving into a tensor.
-CHUNK = 1 << 16
 #: Largest request head (request line and headers) the server accepts.
 MAX_HEAD = 64 * 1024
 #: Seconds a connection closed on a refused request is kept half-open at most,
@@ -138,194 +156,6 @@ LINGER_IDLE = 5.0
 #: up to 4 KiB with a body of :data:`WHOLE_BODY` bytes behind it can come in
 #: that one read.
 HEAD_READ = WHOLE_BODY + 4 * 1024
-
-
-class ByteStream(Protocol):
-    """What the server and client need from a connected byte stream.
-
-    A stream may offer more, each declared by a protocol of its own, and
-    then it is used (see :func:`capabilities`): :class:`ReceivesInto` (tensor
-    bytes received in place), :class:`RunsInThreads` (response compression
-    and big JSON headers off the event loop), :class:`Yields` (a compressed
-    body yields to other tasks every :data:`YIELD_BYTES` of its tensor
-    bytes), :class:`ReadsAhead` (larger reads of a body), :class:`ProbesIdle`
-    (the client checks that the server has not closed an idle
-    connection before reusing it) and
-    :class:`Recycles` (memory a small body came in is received into again)
-    and :class:`HalfCloses` (a refused body is drained after the answer
-    before the connection closes).
-
-    A stream has a settable ``timeout``: the seconds one wait for the peer
-    may take, to receive its bytes or to have ours taken (None: no bound).
-    Past it the wait raises :class:`TimeoutError`. :class:`V2Server` sets it
-    before each phase of a request (see :class:`Timeouts`).
-    """
-
-    timeout: float | None
-
-    async def receive_some(self, max_bytes: int) -> Any:
-        """Up to ``max_bytes`` bytes (a bytes-like object); empty at end of stream."""
-
-    async def send_all(self, buffers: Sequence[Any]) -> None:
-        """Write every buffer, in order, without joining them."""
-
-    async def aclose(self) -> None:
-        """Close the stream."""
-
-
-@runtime_checkable
-class ReceivesInto(Protocol):
-    """A :class:`ByteStream` that receives into the caller's memory."""
-
-    async def receive_into(self, buf: memoryview) -> int:
-        """Bytes written into ``buf``; 0 at end of stream."""
-
-
-@runtime_checkable
-class RunsInThreads(Protocol):
-    """A :class:`ByteStream` that can run blocking work in a worker thread."""
-
-    async def to_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` run in a worker thread; its result."""
-
-
-@runtime_checkable
-class Yields(Protocol):
-    """A :class:`ByteStream` whose event loop other tasks can be let run on."""
-
-    async def checkpoint(self) -> None:
-        """Let other tasks run."""
-
-
-@runtime_checkable
-class ReadsAhead(Protocol):
-    """A :class:`ByteStream` that buffers ahead, and prefers reads this large."""
-
-    read_size: int
-
-
-@runtime_checkable
-class Recycles(Protocol):
-    """A :class:`ByteStream` that can receive again into memory the caller
-    is done with."""
-
-    def recycle(self, data: Any) -> None:
-        """The caller is done with ``data``, the rest of a piece
-        ``receive_some`` returned, and with all before it: no view of that
-        piece is used again, and its memory may receive later bytes."""
-
-
-@runtime_checkable
-class ProbesIdle(Protocol):
-    """A :class:`ByteStream` that tells, without waiting, whether the peer
-    has sent bytes or closed its side. The client asks before it sends a
-    request on a connection that was idle: a server closes an idle
-    connection after its keep-alive timeout, and a request sent on it would
-    fail; the client opens a new connection instead."""
-
-    def is_readable(self) -> bool:
-        """True when bytes (or the end of the stream) are waiting to be read."""
-
-
-@runtime_checkable
-class HalfCloses(Protocol):
-    """A :class:`ByteStream` that can end its sending side and still receive."""
-
-    async def send_eof(self) -> None:
-        """Send the end of the stream (a TCP FIN); receiving goes on."""
-
-
-class Capabilities(NamedTuple):
-    """Which of the optional protocols a stream's class implements."""
-
-    receives_into: bool
-    runs_in_threads: bool
-    yields: bool
-    read_size: int
-    probes_idle: bool = False
-    recycles: bool = False
-    half_closes: bool = False
-
-
-_CAPABILITIES: dict[type, Capabilities] = {}
-
-
-def capabilities(stream: ByteStream) -> Capabilities:
-    """What ``stream`` offers beyond :class:`ByteStream`: looked up once per
-    stream class (a check against a protocol tests each of its members)."""
-    kind = type(stream)
-    found = _CAPABILITIES.get(kind)
-    if found is None:
-        found = _CAPABILITIES[kind] = Capabilities(
-            isinstance(stream, ReceivesInto),
-            isinstance(stream, RunsInThreads),
-            isinstance(stream, Yields),
-            stream.read_size if isinstance(stream, ReadsAhead) else CHUNK,
-            isinstance(stream, ProbesIdle),
-            isinstance(stream, Recycles),
-            isinstance(stream, HalfCloses),
-        )
-    return found
-
-
-def seconds_or_none(value: Any, what: str) -> float | None:
-    """``value`` as a bound in seconds: None (no bound), or a positive number
-    a float holds finitely (an int, a float or a numpy number; not a bool,
-    not NaN, not an int too big for a float). Anything else is the caller's
-    :class:`LocalProtocolError`, naming ``what``."""
-    if value is None:
-        return None
-    try:
-        real = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
-        seconds = float(value) if real else None
-    except OverflowError:
-        seconds = None
-    if seconds is None or not 0 < seconds < math.inf:
-        raise LocalProtocolError(
-            f"{what} must be a positive number of seconds or None, got {value!r}"
-        )
-    return seconds
-
-
-@dataclass(frozen=True, slots=True)
-class Timeouts:
-    """How long a server waits for a peer, in seconds (None: no bound).
-
-    The defaults are those of production HTTP servers (uvicorn's keep-alive,
-    hypercorn's and gunicorn's read timeouts). A request refused by a timeout
-    is answered with 408 when an answer can still be sent, then the
-    connection is closed.
-
-    Attributes:
-        keep_alive: idle time allowed before the first byte of a request (on
-            a new connection, or after a response): then the connection is
-            closed without an answer.
-        head: a deadline for the whole request head, from its first byte (a
-            head dripped a byte at a time is cut at it): 408.
-        body: the longest wait for more of the request body (inactivity, not
-            a deadline: a slow body that keeps moving is read): 408.
-        write: the longest wait for the peer to take the response's bytes (a
-            client that stops reading): the connection is closed.
-    """
-
-    keep_alive: float | None = 5.0
-    head: float | None = 10.0
-    body: float | None = 30.0
-    write: float | None = 30.0
-
-    def __post_init__(self) -> None:
-        for name in ("keep_alive", "head", "body", "write"):
-            value = getattr(self, name)
-            seconds = seconds_or_none(value, f"timeout {name}")
-            if type(value) not in (int, float):
-                # A number of another kind (numpy's) kept as a float: the
-                # server adds it to the clock (frozen: set directly).
-                object.__setattr__(self, name, seconds)
-
-    @classmethod
-    def every(cls, seconds: float | None) -> Timeouts:
-        """The same bound for every phase."""
-        return cls(seconds, seconds, seconds, seconds)
 
 
 def _release(*faults: BaseException | None) -> None:
@@ -616,91 +446,6 @@ class BodyReader:
         return RemoteProtocolError(
             f"the peer closed the connection with {self._remaining} body bytes missing"
         )
-
-
-#: Where a request head ends: its first empty line (as h11 finds it).
-_HEAD_END = re.compile(rb"\n\r?\n")
-
-
-def _split_at_head_end(data: Any) -> tuple[Any, Any]:
-    """``data`` cut after the first empty line in it: what h11 needs to end
-    the head it is reading, and the rest (a view, not a copy). h11 would copy
-    the rest into its buffer, and the body reader out of it again; a body
-    sent with its head skips both. No empty line: all of ``data``, and
-    ``b""``. (An empty line that spans two reads is missed: h11 then holds
-    what follows it, which the body reader takes from it, as before.)"""
-    found = _HEAD_END.search(data)
-    if found is None or found.end() == len(data):
-        return data, b""
-    view = memoryview(data)
-    return view[: found.end()], view[found.end() :]
-
-
-class Head(NamedTuple):
-    """A request head as the server read it."""
-
-    request: h11.Request  #: what h11 read from it
-    fields: HeaderFields  #: its header fields (:func:`~binproto.adapters.h11.fields_of`)
-    ahead: Any  #: bytes received past its end that h11 was not given (see _split_at_head_end)
-
-
-#: Longest request head remembered, in bytes (see KnownHeads).
-REMEMBERED_HEAD_BYTES = 1024
-#: Most header lines a remembered head has.
-REMEMBERED_HEADER_LINES = 32
-#: Most heads a server remembers at once by default (``V2Server.remembered_heads``):
-#: under 1 MiB at the very most.
-REMEMBERED_HEADS = 64
-#: Headers of a head that is never remembered (those that carry credentials among them).
-_NOT_REMEMBERED = (*CREDENTIAL_HEADERS, "transfer-encoding", "expect", "upgrade")
-
-
-class KnownHeads:
-    """The requests h11 read from the last few request heads, by their bytes.
-
-    A client sends the same head again and again: the same target, headers
-    and body length. What h11 reads from a head depends on its bytes alone
-    when the connection held nothing else; and past the head the server uses
-    h11 for nothing when the body is framed by ``Content-Length`` (read
-    around h11: see :class:`BodyReader`) and no ``Expect: 100-continue``
-    waits for an answer: the connection is then as it was before the head.
-    Such a head, received whole into an empty connection, is remembered the
-    second time h11 reads it (the first time only its hash is noted: a head
-    that never comes again, a body length new each time, costs a set entry,
-    not a kept request); when its bytes come again, its request (the same
-    ``h11.Request`` object) is reused and h11 is not given them. As precautions, heads that
-    ask for a protocol switch (``Upgrade``, ``CONNECT``) or carry
-    ``Transfer-Encoding`` are read each time, and heads carrying credentials
-    (``Authorization``, ``Proxy-Authorization``, ``Cookie``) are never kept:
-    the heads are shared by the server's connections, and a known head is
-    answered sooner. Up to ``capacity`` heads are kept (0: none), and the
-    hashes of up to :data:`~binproto._http.SEEN_PER_KEPT` times as many seen
-    once (see :class:`~binproto._http.KeptOnSecondSight`).
-    """
-
-    def __init__(self, capacity: int = REMEMBERED_HEADS) -> None:
-        self.capacity = capacity
-        self._heads: KeptOnSecondSight[bytes, tuple[h11.Request, HeaderFields]] = (
-            KeptOnSecondSight()
-        )
-
-    def get(self, head: bytes) -> tuple[h11.Request, HeaderFields] | None:
-        """The request h11 read from ``head`` before, and its fields; or None."""
-        return self._heads.get(head)
-
-    def remember(self, head: bytes, request: h11.Request, fields: HeaderFields) -> None:
-        """Keep ``request``, which h11 read from ``head`` alone (given it whole,
-        in an empty connection, which holds nothing more), and its ``fields``
-        (:func:`~binproto.adapters.h11.fields_of`), when it qualifies.
-        (The server offers only heads of at most :data:`REMEMBERED_HEAD_BYTES` bytes:
-        a longer one is not copied to be looked up.)"""
-        if not self.capacity or not self._heads.seen_before(head, self.capacity):
-            return
-        if len(request.headers) > REMEMBERED_HEADER_LINES or request.method == b"CONNECT":
-            return
-        if "content-length" not in fields or any(name in fields for name in _NOT_REMEMBERED):
-            return
-        self._heads.keep(head, (request, fields), self.capacity)
 
 
 def _next_connection(rest: tuple[Any, bool], last: h11.Connection) -> h11.Connection:
