@@ -26,6 +26,7 @@ from binproto import (
     RemoteProtocolError,
     body_claims,
 )
+from binproto._http import HeaderFields
 from binproto._util import aligned_copy
 
 from ._app import (
@@ -278,25 +279,27 @@ class V2App:
             if r.kind == "not_found":
                 await error_response("Not Found", 404)(scope, receive, send)
             elif r.kind == "infer":
-                await self._infer(scope, receive, send, r, target)
+                await self._infer(scope, receive, send, r, target, fields)
             else:
                 await _json(send, self.app.get(r))
         except InferenceError as exc:
             await _error(scope, receive, send, exc)
 
-    async def _infer(self, scope: Scope, receive: Receive, send: Send, r: Any, target: str) -> None:
+    async def _infer(
+        self, scope: Scope, receive: Receive, send: Send, r: Any, target: str, fields: HeaderFields
+    ) -> None:
         headers = scope.get("headers", ())
         head = AsgiHead(scope["method"].encode(), target.encode("latin-1"), headers, scope)
         reader: AsgiBodyReader | None = None
         try:
-            claims = body_claims(_scope_fields(scope))
+            claims = body_claims(fields)
             reader = AsgiBodyReader(receive, claims.content_length)
             length = claims.content_length
             if (
                 length is not None
                 and length <= WHOLE_BODY
                 and claims.content_encoding is None
-                and not any(k == b"expect" for k, _ in headers)
+                and "expect" not in fields  # (a receive would invite the body)
             ):
                 await reader.prime()
             _, result = await self.app.infer(head, claims, r, reader, self._budget)
@@ -305,7 +308,7 @@ class V2App:
                 await WriterResponse(result.writer, pieces)(scope, receive, send)
                 return
             assert isinstance(result, EncodedBody)
-            encoding = self._encoding(headers)
+            encoding = self._encoding(headers) if "accept-encoding" in fields else None
             response = EncodedResponse(
                 result,
                 encoding=encoding,
@@ -371,7 +374,7 @@ async def _error(
         if reader.budget is not None:  # a failed request holds no body
             reader.budget.release(reader)
             reader.budget = None
-        expects = any(k == b"expect" for k, _ in scope.get("headers", ()))
+        expects = "expect" in _scope_fields(scope)
         if reader.failed is None and not (expects and not reader._received):
             remaining = reader.remaining
             if remaining is None or remaining <= DISCARD_LIMIT:

@@ -10,7 +10,8 @@ its median per-round ratio to the floor under it:
 
 - the h11 floor (``asyncio.Protocol`` + h11, fixed answer) for binproto's own
   servers, which parse HTTP with h11;
-- a trivial ASGI app under uvicorn for binproto's ASGI app under uvicorn;
+- a trivial ASGI app under uvicorn for binproto's ASGI apps under uvicorn
+  (the bare echo of the adapter's pieces, and ``V2App``);
 - and, as a server of its own, the h11 floor doing the echo with binproto's
   codec and nothing else (``h11-codec``), compared with the h11 floor: the
   most any h11 server doing this echo with this codec reaches, so the gap
@@ -63,6 +64,7 @@ FLOOR_OF = {
     "binproto-asyncio": "h11-floor",
     "binproto-trio": "h11-floor",
     "binproto-asgi": "asgi-floor",
+    "binproto-v2app": "asgi-floor",
     "triton": "h11-floor",
     "kserve": "asgi-floor",
 }
@@ -89,6 +91,7 @@ COMMANDS: dict[str, list[str]] = {
         *"--backend trio --port {port}".split(),
     ],
     "binproto-asgi": _uvicorn("benchmarks.floor_servers:binproto_asgi_app"),
+    "binproto-v2app": _uvicorn("benchmarks.floor_servers:v2app"),
     # KServe serves on a listening socket it inherits ({fd}).
     "kserve": [sys.executable, str(KSERVE_ECHO), "--fd", "{fd}", "--model", "echo"],
 }

@@ -21,8 +21,11 @@ server built on the same layer can reach:
 - ``asgi``: a trivial ASGI app (reads the body, fixed answer), served by
   ``python -m uvicorn benchmarks.floor_servers:asgi_app``; the floor of an ASGI
   app under uvicorn.
-- ``binproto-asgi``: binproto's bare ASGI echo app (the README's shape), served
-  by uvicorn as ``benchmarks.floor_servers:binproto_asgi_app``.
+- ``binproto-asgi``: binproto's bare ASGI echo app (read_request and
+  EncodedResponse), served by uvicorn as
+  ``benchmarks.floor_servers:binproto_asgi_app``.
+- ``binproto-v2app``: binproto's whole V2 server as an ASGI app (``V2App``,
+  the echo model), served by uvicorn as ``benchmarks.floor_servers:v2app``.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from typing import Any, cast
 import h11
 
 import binproto
-from binproto.adapters.asgi import EncodedResponse, error_response, read_request
+from binproto.adapters.asgi import EncodedResponse, V2App, error_response, read_request
 
 ANSWER = b"x" * 4096
 _HEADERS = [("Content-Type", "application/octet-stream"), ("Content-Length", "4096")]
@@ -165,7 +168,7 @@ async def asgi_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 async def binproto_asgi_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """binproto's bare ASGI echo app, as the README shows it."""
+    """binproto's bare ASGI echo app, of the adapter's pieces."""
     if scope["type"] != "http":
         return
     try:
@@ -175,6 +178,10 @@ async def binproto_asgi_app(scope: dict[str, Any], receive: Any, send: Any) -> N
         return
     body = binproto.encode_response(request.tensors, model_name="echo", request=request.header)
     await EncodedResponse(body)(scope, receive, send)
+
+
+#: binproto's V2 server as an ASGI app, with the echo model.
+v2app = V2App()
 
 
 async def _trio_connection(stream: Any) -> None:
