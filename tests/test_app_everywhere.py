@@ -9,6 +9,7 @@ faults, streaming, raw binary requests and the body budget.
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import socket
@@ -325,3 +326,37 @@ def test_the_body_budget_refuses_a_second_big_body_with_503(server: Running) -> 
     assert b"retry-after: 1" in answer.lower()
     assert b"the server is busy" in answer
     assert first.split(b" ", 2)[1] == b"200", first[:300]
+
+
+@pytest.mark.parametrize("prefix", ["", "/triton"])
+def test_v2app_mounted_in_fastapi_beside_other_routes(prefix: str) -> None:
+    from fastapi import FastAPI
+
+    from binproto.adapters.asgi import V2App
+
+    api = FastAPI()
+
+    @api.get("/hello")
+    async def hello() -> dict[str, str]:
+        return {"hello": "world"}
+
+    api.mount(prefix or "/", V2App(MODELS))
+
+    async def main() -> None:
+        transport = httpx.ASGITransport(app=api)
+        async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+            assert (await client.get("/hello")).json() == {"hello": "world"}
+            r = await client.get(prefix + "/v2/models/picky/ready")
+            assert (r.status_code, r.json()) == (200, {"name": "picky", "ready": True})
+            body = binproto.encode_request({"x": X}, outputs=["z"])
+            r = await client.post(
+                prefix + "/v2/models/picky/infer", content=bytes(body), headers=body.headers
+            )
+            assert r.status_code == 400
+            body = binproto.encode_request({"x": X}, binary_data_output=True)
+            r = await client.post(
+                prefix + "/v2/models/echo/infer", content=bytes(body), headers=body.headers
+            )
+            assert _decoded(r).tensors["x"].tolist() == X.tolist()
+
+    asyncio.run(main())
