@@ -41,9 +41,9 @@ class Served:
 
 
 @contextlib.contextmanager
-def serving(*args: str) -> Iterator[Served]:
+def serving(*args: str, env: dict[str, str] | None = None) -> Iterator[Served]:
     """``python -m binproto serve *args --port 0`` until the block ends."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     proc = subprocess.Popen(
         [sys.executable, "-m", "binproto", "serve", *args, "--port", "0"],
         cwd=ROOT,
@@ -208,3 +208,16 @@ def test_uvicorn_workers_serve_and_stop_on_sigterm() -> None:
         while not (served.proc.poll() is not None and all(map(_gone, workers))):
             assert time.monotonic() < deadline, "uvicorn's workers still running after SIGTERM"
             time.sleep(0.05)
+
+
+def test_each_worker_calls_the_factory_and_the_parent_does_not(tmp_path: Path) -> None:
+    calls = tmp_path / "calls"
+    env = {"BINPROTO_TEST_CALLS": str(calls)}
+    with serving("tests.cli_models:noting_models", "--workers", "2", env=env) as served:
+        workers = served.children()
+        deadline = time.monotonic() + 10
+        while len(calls.read_text().split()) < 2:
+            assert time.monotonic() < deadline, calls.read_text()
+            time.sleep(0.05)
+        callers = {int(p) for p in calls.read_text().split()}
+        assert callers == workers and served.proc.pid not in callers

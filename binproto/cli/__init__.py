@@ -28,9 +28,10 @@ def _serve(args: argparse.Namespace) -> int:
 
     from ._serving import ModelsError, load_models, open_listeners, supervise
 
+    parent = args.uvicorn or (args.workers > 1 and args.fd is None)
     try:
-        # (In a parent of workers: checked once, so that a typo is one message.)
-        models = load_models(args.models)
+        # A parent of workers only checks them, once: a typo is one message.
+        models = load_models(args.models, call=not parent)
     except ModelsError as exc:
         from ._commands import _echo
 

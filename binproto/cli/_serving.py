@@ -37,10 +37,12 @@ class ModelsError(Exception):
     """``MODULE:ATTR`` does not name models to serve (the message says why)."""
 
 
-def load_models(spec: str | None) -> list[Any]:
+def load_models(spec: str | None, *, call: bool = True) -> list[Any]:
     """The models ``MODULE:ATTR`` names: a Model, a sequence of Model, or a
     function (no arguments) returning either; the ``echo`` model when None.
-    ``MODULE`` is imported from the current directory too, as uvicorn does."""
+    ``MODULE`` is imported from the current directory too, as uvicorn does.
+    ``call=False`` checks a function is there without calling it (a parent
+    of workers: each worker loads its own models), and returns ``[]`` for it."""
     from binproto.adapters._app import Model, echo_model
 
     if spec is None:
@@ -60,6 +62,8 @@ def load_models(spec: str | None) -> list[Any]:
         except AttributeError:
             raise ModelsError(f"{module_name!r} has no attribute {attr!r}") from None
     if callable(obj) and not isinstance(obj, Model):
+        if not call:
+            return []
         obj = obj()  # a factory: called in each process
     models = [obj] if isinstance(obj, Model) else list(obj) if isinstance(obj, Sequence) else None
     if not models or not all(isinstance(m, Model) for m in models):
