@@ -41,6 +41,7 @@ from ._app import (
 )
 from ._intake import WHOLE_BODY, BodyBudget, InferenceError
 from .asgi import (
+    BodySource,
     ClientDisconnected,
     EncodedResponse,
     Receive,
@@ -72,7 +73,7 @@ class AsgiBodyReader:
     budget: BodyBudget | None = None
     claimed = 0
 
-    def __init__(self, receive: Receive, content_length: int | None) -> None:
+    def __init__(self, receive: BodySource, content_length: int | None) -> None:
         self._chunks = _Chunks(receive)
         self._remaining = content_length
         self._pending: Any = b""  # received, not handed out yet

@@ -34,7 +34,9 @@ from binproto import (
 )
 from binproto._assemble import Destinations
 from binproto._compression import GZIP_AHEAD, check_gzip_size
+from binproto._decode import _decode_plain
 from binproto._http import SLOW_HEADER
+from binproto._parser import DEFAULT_LIMITS
 from binproto._util import aligned_arrays, whole_number
 
 __all__ = [
@@ -355,8 +357,9 @@ class MessageBody:
         if body is None:
             return
         self._fed = len(body)
-        decode = binproto.decode_request if self.kind == "request" else binproto.decode_response
-        decoded = decode(body, header_length=hl, limits=self.limits, strict_bool=self.strict_bool)
+        # (decode_request's own checks of its arguments hold here: skipped.)
+        limits = self.limits if self.limits is not None else DEFAULT_LIMITS
+        decoded = _decode_plain(self.kind, body, hl, limits, self.strict_bool)
         self.header = decoded.header
         self._whole = body
         self._decoded = aligned_arrays(decoded.tensors)
