@@ -44,6 +44,7 @@ from .asgi import (
     BodySource,
     ClientDisconnected,
     EncodedResponse,
+    Message,
     Receive,
     Scope,
     Send,
@@ -217,6 +218,10 @@ class V2App:
             may hold at once (a :class:`~binproto.adapters.server.BodyBudget`),
             or None for no bound. Each process has its own app, so each
             worker of a multi-process server its own budget.
+        views: send response bodies as views of the outputs' memory (no
+            copy; uvicorn and hypercorn take them). False sends ``bytes``,
+            as the ASGI spec says, for servers that pass messages between
+            processes (Ray Serve pickles them): each body is then copied.
     """
 
     def __init__(
@@ -228,6 +233,7 @@ class V2App:
         compress_responses: bool = True,
         compression_level: int = 1,
         max_body_bytes_in_flight: int | None = None,
+        views: bool = True,
     ) -> None:
         if models is None:
             models = [echo_model()]
@@ -240,6 +246,7 @@ class V2App:
         self.compression_level = level
         most = max_body_bytes_in_flight
         self._budget = BodyBudget(most) if most is not None else None
+        self.views = views
 
     @property
     def body_bytes_in_flight(self) -> int:
@@ -258,6 +265,8 @@ class V2App:
             return
         if kind != "http":
             raise LocalProtocolError(f"V2App serves HTTP, not {kind!r}")
+        if not self.views:
+            send = _bytes_bodies(send)
         target = _target(scope)
         r = _route_of(target)
         method: str = scope["method"]
@@ -336,6 +345,18 @@ class V2App:
             return None
         values = [v.decode("latin-1") for k, v in headers if k.lower() == b"accept-encoding"]
         return binproto.preferred_encoding(", ".join(values)) if values else None
+
+
+def _bytes_bodies(send: Send) -> Send:
+    """``send`` with each body message's body as ``bytes`` (a copy of a view)."""
+
+    async def send_bytes(message: Message) -> None:
+        body = message.get("body")
+        if body is not None and type(body) is not bytes:
+            message = {**message, "body": bytes(body)}
+        await send(message)
+
+    return send_bytes
 
 
 async def _json(send: Send, obj: Any) -> None:

@@ -360,3 +360,39 @@ def test_v2app_mounted_in_fastapi_beside_other_routes(prefix: str) -> None:
             assert _decoded(r).tensors["x"].tolist() == X.tolist()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("views", [True, False])
+def test_response_bodies_are_views_or_bytes(views: bool) -> None:
+    from binproto.adapters.asgi import V2App
+
+    app = V2App(MODELS, views=views)
+    big = np.arange(1 << 18, dtype=np.float32)  # 1 MiB: sent as a view of its memory
+    body = binproto.encode_request({"x": big}, binary_data_output=True)
+    data = bytes(body)
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v2/models/echo/infer",
+        "raw_path": b"/v2/models/echo/infer",
+        "root_path": "",
+        "headers": [(k.lower().encode(), str(v).encode()) for k, v in body.headers],
+    }
+    sent: list[Any] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": data, "more_body": False}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    bodies = [m["body"] for m in sent if m["type"] == "http.response.body"]
+    assert sent[0]["status"] == 200
+    if views:
+        assert any(type(b) is memoryview for b in bodies)
+    else:
+        assert all(type(b) is bytes for b in bodies)  # (as the ASGI spec says)
+    joined = b"".join(bytes(b) for b in bodies)
+    hl = int(dict(sent[0]["headers"])[b"inference-header-content-length"])
+    assert binproto.decode_response(joined, header_length=hl).tensors["x"].tolist() == big.tolist()
