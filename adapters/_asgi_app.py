@@ -292,7 +292,7 @@ class V2App:
                 await self._infer(scope, receive, send, r, target, fields)
             else:
                 await _json(send, self.app.get(r))
-        except InferenceError as exc:
+        except (ProtocolError, InferenceError) as exc:  # (a header repeated unlike itself, say)
             await _error(scope, receive, send, exc)
 
     async def _infer(
@@ -314,8 +314,7 @@ class V2App:
                 await reader.prime()
             _, result = await self.app.infer(head, claims, r, reader, self._budget)
             if isinstance(result, StreamingResponse):
-                pieces = result.chunks
-                await WriterResponse(result.writer, pieces)(scope, receive, send)
+                await _stream(scope, receive, send, result, target)
                 return
             assert isinstance(result, EncodedBody)
             encoding = self._encoding(headers) if "accept-encoding" in fields else None
@@ -345,6 +344,28 @@ class V2App:
             return None
         values = [v.decode("latin-1") for k, v in headers if k.lower() == b"accept-encoding"]
         return binproto.preferred_encoding(", ".join(values)) if values else None
+
+
+async def _stream(
+    scope: Scope, receive: Receive, send: Send, response: StreamingResponse, target: str
+) -> None:
+    """Send a handler's streamed answer. A fault before it starts (a writer
+    that cannot start) is answered 500; one after it has begun ends it short
+    (the server closes the connection): the client sees an incomplete body,
+    never a wrong one."""
+    started = False
+
+    async def tracking(message: Message) -> None:
+        nonlocal started
+        started = True
+        await send(message)
+
+    try:
+        await WriterResponse(response.writer, response.chunks)(scope, receive, tracking)
+    except Exception as exc:
+        if not started:
+            raise
+        log.error("error while streaming the answer to %s", target, exc_info=exc)
 
 
 def _bytes_bodies(send: Send) -> Send:

@@ -81,6 +81,28 @@ async def _ramp(request: InferRequest) -> StreamingResponse:
     return StreamingResponse(binproto.BodyWriter(header), pieces())
 
 
+async def _breaks(request: InferRequest) -> StreamingResponse:
+    """Streams the first half of its output, then fails."""
+    await request.tensors()
+    header = {
+        "model_name": "breaks",
+        "outputs": [
+            {
+                "name": "r",
+                "datatype": "INT32",
+                "shape": [2000],
+                "parameters": {"binary_data_size": 8000},
+            }
+        ],
+    }
+
+    async def pieces() -> AsyncIterator[tuple[int, Any]]:
+        yield 0, np.zeros(1000, dtype=np.int32)
+        raise RuntimeError("the model broke mid-answer")
+
+    return StreamingResponse(binproto.BodyWriter(header), pieces())
+
+
 async def _double(request: InferRequest) -> dict[str, Any]:
     return {"y": (await request.tensors())["x"] * 2}
 
@@ -92,6 +114,7 @@ MODELS = [
     Model("refuses", _refuses),
     Model("events", _events),
     Model("ramp", _ramp),
+    Model("breaks", _breaks),
     Model("double", _double, inputs=[{"name": "x", "datatype": "FP32", "shape": [-1]}]),
 ]
 #: Two requests of BODY bytes pass it; one fits.
@@ -396,3 +419,17 @@ def test_response_bodies_are_views_or_bytes(views: bool) -> None:
     joined = b"".join(bytes(b) for b in bodies)
     hl = int(dict(sent[0]["headers"])[b"inference-header-content-length"])
     assert binproto.decode_response(joined, header_length=hl).tensors["x"].tolist() == big.tolist()
+
+
+def test_a_streamed_answer_that_breaks_is_cut_short_not_replaced(server: Running) -> None:
+    body = binproto.encode_request({"x": X})
+    head = "POST /v2/models/breaks/infer HTTP/1.1\r\nHost: x\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in body.headers)
+    with connect(server.port) as sock:
+        sock.sendall(head.encode() + b"\r\n" + bytes(body))
+        answer = read_all(sock)  # the server closes the connection
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+    assert answer.count(b"HTTP/1.1 ") == 1  # no second answer after the first began
+    assert not answer.endswith(b"0\r\n\r\n")  # the chunked body never ends
+    with _client(server) as client:
+        assert client.get("/v2/health/live").status_code == 200
