@@ -118,8 +118,11 @@ def _gone(pid: int) -> bool:
     return state == "Z"  # (exited, not yet reaped by its parent)
 
 
-def test_sixteen_connections_are_answered_by_several_workers_and_sigterm_stops_all() -> None:
-    with serving("tests.cli_models:MODELS", "--workers", "2") as served:
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_sixteen_connections_are_answered_by_several_workers_and_sigterm_stops_all(
+    backend: str,
+) -> None:
+    with serving("tests.cli_models:MODELS", "--workers", "2", "--backend", backend) as served:
         workers = served.children()
         assert len(workers) == 2
         pids = _answering_pids(served.port, 16)
