@@ -65,6 +65,7 @@ FLOOR_OF = {
     "binproto-trio": "h11-floor",
     "binproto-asgi": "asgi-floor",
     "binproto-v2app": "asgi-floor",
+    "binproto-cpu2": "binproto-cpu1",
     "triton": "h11-floor",
     "kserve": "asgi-floor",
 }
@@ -92,6 +93,15 @@ COMMANDS: dict[str, list[str]] = {
     ],
     "binproto-asgi": _uvicorn("benchmarks.floor_servers:binproto_asgi_app"),
     "binproto-v2app": _uvicorn("benchmarks.floor_servers:v2app"),
+    # A model of ~1 ms of CPU a request, on one process and on two.
+    "binproto-cpu1": [
+        *(sys.executable, "-m", "binproto", "serve", "benchmarks.floor_servers:cpu_models"),
+        *"--port {port}".split(),
+    ],
+    "binproto-cpu2": [
+        *(sys.executable, "-m", "binproto", "serve", "benchmarks.floor_servers:cpu_models"),
+        *"--workers 2 --port {port}".split(),
+    ],
     # KServe serves on a listening socket it inherits ({fd}).
     "kserve": [sys.executable, str(KSERVE_ECHO), "--fd", "{fd}", "--model", "echo"],
 }
@@ -212,7 +222,13 @@ def wrk(port: int, script: Path, connections: int, seconds: float, path: str = E
 
 
 #: The least ratio to the floor each of binproto's servers should reach.
-TARGETS = {"binproto-asyncio": 0.6, "binproto-trio": 0.5, "binproto-asgi": 0.35}
+TARGETS = {
+    "binproto-asyncio": 0.6,
+    "binproto-trio": 0.5,
+    "binproto-asgi": 0.35,
+    "binproto-v2app": 0.5,
+    "binproto-cpu2": 1.6,
+}
 
 
 def measure(
