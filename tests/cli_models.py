@@ -33,3 +33,14 @@ def noting_models() -> list[Model]:
     with open(os.environ["BINPROTO_TEST_CALLS"], "a") as f:
         f.write(f"{os.getpid()}\n")
     return [Model("pid", _pid)]
+
+
+def v2app() -> Any:
+    """:data:`MODELS` as an ASGI app (``V2App``), for gunicorn and uvicorn."""
+    from binproto.adapters.asgi import V2App
+
+    return V2App(MODELS)
+
+
+#: The same, built at import (what ``gunicorn tests.cli_models:app`` serves).
+app = v2app()
