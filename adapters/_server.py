@@ -14,29 +14,27 @@ none of them (see :class:`BodyReader`). When the stream also supports
 ``receive_into`` and the body is not compressed, binary tensor bytes are
 received straight into the tensor's destination array (see
 :meth:`binproto.Parser.next_tensor_region`).
+
+This module is the HTTP/1.1 connection loop and its body reader. The V2
+application it answers with (models, routes, statuses) is in ``_app``, the
+body intake in ``_intake``, the stream protocols in ``_streams`` and the
+remembered heads in ``_heads``; users import from :mod:`binproto.adapters.server`.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-import math
-import numbers
 import re
 import time
 import traceback
-import urllib.parse
 from collections.abc import (
-    AsyncIterable,
-    AsyncIterator,
     Awaitable,
     Callable,
     Iterator,
-    Mapping,
     Sequence,
 )
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol, cast, runtime_checkable
+from typing import Any, cast
 
 try:
     import h11
@@ -44,48 +42,76 @@ except ModuleNotFoundError as exc:  # an optional dependency: say which extra br
     from binproto.adapters import missing_extra
 
     raise missing_extra(exc, "h11") from None
-import numpy as np
 
 import binproto
 from binproto import (
-    NEED_DATA,
-    BodyClaims,
-    BodyWriter,
     EncodedBody,
-    Event,
     HeaderFields,
-    HeaderParsed,
-    InferenceHeader,
-    Kind,
     Limits,
     LocalProtocolError,
-    MessageComplete,
-    NeedData,
-    Parser,
     ProtocolError,
     RemoteProtocolError,
-    Tensor,
-    TensorAssembler,
-    TensorChunk,
-    TensorSpec,
     body_claims,
 )
-from binproto._assemble import Destinations
-from binproto._compression import GZIP_AHEAD, check_gzip_size
-from binproto._http import CREDENTIAL_HEADERS, SLOW_HEADER, TE_IN_HTTP_1_0, KeptOnSecondSight
-from binproto._parser import DEFAULT_LIMITS
-from binproto._util import aligned_arrays, aligned_copy, whole_number
+from binproto._http import TE_IN_HTTP_1_0
+from binproto._util import aligned_copy
 from binproto._writer import response_start
 
+from ._app import (
+    _ALLOWED,
+    DISCARD_LIMIT,
+    InferRequest,
+    Model,
+    Route,
+    StreamingResponse,
+    V2Application,
+    _route_of,
+    echo_model,
+    route,
+)
+from ._app import AsgiHead as AsgiHead
+from ._app import Handler as Handler
+from ._app import HandlerResult as HandlerResult
+from ._app import RequestHead as RequestHead
+from ._app import _remembered_route as _remembered_route
+from ._heads import REMEMBERED_HEAD_BYTES as REMEMBERED_HEAD_BYTES
+from ._heads import REMEMBERED_HEADER_LINES as REMEMBERED_HEADER_LINES
+from ._heads import REMEMBERED_HEADS as REMEMBERED_HEADS
+from ._heads import Head, _split_at_head_end
+from ._heads import KnownHeads as KnownHeads
+from ._intake import THREAD_HEADER as THREAD_HEADER
+from ._intake import THREAD_JSON as THREAD_JSON
+from ._intake import (
+    WHOLE_BODY,
+    BodyBudget,
+    InferenceError,
+    MessageBody,
+)
+from ._intake import YIELD_BYTES as YIELD_BYTES
+from ._intake import BodySource as BodySource
+from ._intake import json_output_elements as json_output_elements
+from ._streams import CHUNK as CHUNK
+from ._streams import (
+    ByteStream,
+    Capabilities,
+    HalfCloses,
+    ProbesIdle,
+    ReadsAhead,
+    ReceivesInto,
+    Recycles,
+    RunsInThreads,
+    Timeouts,
+    Yields,
+    capabilities,
+)
+from ._streams import seconds_or_none as seconds_or_none
 from .h11 import (
     ResponseFramer,
     content_length_of,
     error_response,
     fields_of,
     has_both_lengths,
-    header_rest,
     json_response,
-    receive_target,
     remote_error,
     response_for,
     send_compressed,
@@ -119,15 +145,11 @@ __all__ = [
 
 log = logging.getLogger("binproto.server")
 
-#: Bytes asked of the stream per read when not receiving into a tensor.
-CHUNK = 1 << 16
 #: Longest line of a chunked request body (a chunk's size and extensions,
 #: with its CRLF) the server takes: a longer one is answered 431.
 MAX_CHUNK_LINE = 16 * 1024
 #: Largest request head (request line and headers) the server accepts.
 MAX_HEAD = 64 * 1024
-#: Most body bytes read and dropped after an error, so the client sees the answer.
-DISCARD_LIMIT = 256 * 1024 * 1024
 #: Seconds a connection closed on a refused request is kept half-open at most,
 #: the bytes still coming read and dropped, so that the close does not reset
 #: it before the peer has read the answer (see :meth:`V2Server._linger`)...
@@ -135,305 +157,10 @@ LINGER = 30.0
 #: ... and the longest wait for those bytes (nginx's lingering_time and
 #: lingering_timeout).
 LINGER_IDLE = 5.0
-#: Decompressed tensor bytes handed out between two chances for other tasks to run.
-YIELD_BYTES = 1 << 20
-#: A body of at most this many bytes that has all arrived with its head is
-#: decoded whole (:func:`binproto.decode_request`): the parser's checks
-#: without its events, and one copy into memory of its own. 64 KiB of tensor
-#: bytes and a JSON header of up to 4 KiB: a bound of 64 KiB would leave a
-#: tensor of 64 KiB (a power of two, as tensors often are) out by its header.
-WHOLE_BODY = (64 + 4) * 1024
 #: Bytes asked of the stream by the first read of a request head: a head of
 #: up to 4 KiB with a body of :data:`WHOLE_BODY` bytes behind it can come in
 #: that one read.
 HEAD_READ = WHOLE_BODY + 4 * 1024
-#: JSON headers at least this long are parsed in a worker thread when the
-#: stream offers ``to_thread``, so the event loop goes on serving meanwhile
-#: (see :meth:`binproto.BodyClaims.slow_header_from`).
-THREAD_HEADER = SLOW_HEADER
-#: Responses that may write at least this many elements as JSON data are
-#: encoded in a worker thread.
-THREAD_JSON = 1 << 16
-
-
-def json_output_elements(header: InferenceHeader, result: Any) -> int:
-    """The elements of ``result`` a response to ``header`` may write as JSON
-    (all of them unless the request asked for every output binary): whether
-    encoding is worth a worker thread."""
-    wanted = header.requested_outputs
-    if header.binary_data_output is True and (
-        wanted is None or all(o.binary_data is not False for o in wanted)
-    ):
-        return 0
-    values = result.values() if isinstance(result, Mapping) else result
-    total = 0
-    for value in values:
-        size = getattr(value, "size", None)
-        if size is None:  # a Tensor, or a list
-            size = getattr(getattr(value, "array", None), "size", None)
-        total += size if type(size) is int else 0
-    return total
-
-
-class ByteStream(Protocol):
-    """What the server and client need from a connected byte stream.
-
-    A stream may offer more, each declared by a protocol of its own, and
-    then it is used (see :func:`capabilities`): :class:`ReceivesInto` (tensor
-    bytes received in place), :class:`RunsInThreads` (response compression
-    and big JSON headers off the event loop), :class:`Yields` (a compressed
-    body yields to other tasks every :data:`YIELD_BYTES` of its tensor
-    bytes), :class:`ReadsAhead` (larger reads of a body), :class:`ProbesIdle`
-    (the client checks that the server has not closed an idle
-    connection before reusing it) and
-    :class:`Recycles` (memory a small body came in is received into again)
-    and :class:`HalfCloses` (a refused body is drained after the answer
-    before the connection closes).
-
-    A stream has a settable ``timeout``: the seconds one wait for the peer
-    may take, to receive its bytes or to have ours taken (None: no bound).
-    Past it the wait raises :class:`TimeoutError`. :class:`V2Server` sets it
-    before each phase of a request (see :class:`Timeouts`).
-    """
-
-    timeout: float | None
-
-    async def receive_some(self, max_bytes: int) -> Any:
-        """Up to ``max_bytes`` bytes (a bytes-like object); empty at end of stream."""
-
-    async def send_all(self, buffers: Sequence[Any]) -> None:
-        """Write every buffer, in order, without joining them."""
-
-    async def aclose(self) -> None:
-        """Close the stream."""
-
-
-@runtime_checkable
-class ReceivesInto(Protocol):
-    """A :class:`ByteStream` that receives into the caller's memory."""
-
-    async def receive_into(self, buf: memoryview) -> int:
-        """Bytes written into ``buf``; 0 at end of stream."""
-
-
-@runtime_checkable
-class RunsInThreads(Protocol):
-    """A :class:`ByteStream` that can run blocking work in a worker thread."""
-
-    async def to_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` run in a worker thread; its result."""
-
-
-@runtime_checkable
-class Yields(Protocol):
-    """A :class:`ByteStream` whose event loop other tasks can be let run on."""
-
-    async def checkpoint(self) -> None:
-        """Let other tasks run."""
-
-
-@runtime_checkable
-class ReadsAhead(Protocol):
-    """A :class:`ByteStream` that buffers ahead, and prefers reads this large."""
-
-    read_size: int
-
-
-@runtime_checkable
-class Recycles(Protocol):
-    """A :class:`ByteStream` that can receive again into memory the caller
-    is done with."""
-
-    def recycle(self, data: Any) -> None:
-        """The caller is done with ``data``, the rest of a piece
-        ``receive_some`` returned, and with all before it: no view of that
-        piece is used again, and its memory may receive later bytes."""
-
-
-@runtime_checkable
-class ProbesIdle(Protocol):
-    """A :class:`ByteStream` that tells, without waiting, whether the peer
-    has sent bytes or closed its side. The client asks before it sends a
-    request on a connection that was idle: a server closes an idle
-    connection after its keep-alive timeout, and a request sent on it would
-    fail; the client opens a new connection instead."""
-
-    def is_readable(self) -> bool:
-        """True when bytes (or the end of the stream) are waiting to be read."""
-
-
-@runtime_checkable
-class HalfCloses(Protocol):
-    """A :class:`ByteStream` that can end its sending side and still receive."""
-
-    async def send_eof(self) -> None:
-        """Send the end of the stream (a TCP FIN); receiving goes on."""
-
-
-class Capabilities(NamedTuple):
-    """Which of the optional protocols a stream's class implements."""
-
-    receives_into: bool
-    runs_in_threads: bool
-    yields: bool
-    read_size: int
-    probes_idle: bool = False
-    recycles: bool = False
-    half_closes: bool = False
-
-
-_CAPABILITIES: dict[type, Capabilities] = {}
-
-
-def capabilities(stream: ByteStream) -> Capabilities:
-    """What ``stream`` offers beyond :class:`ByteStream`: looked up once per
-    stream class (a check against a protocol tests each of its members)."""
-    kind = type(stream)
-    found = _CAPABILITIES.get(kind)
-    if found is None:
-        found = _CAPABILITIES[kind] = Capabilities(
-            isinstance(stream, ReceivesInto),
-            isinstance(stream, RunsInThreads),
-            isinstance(stream, Yields),
-            stream.read_size if isinstance(stream, ReadsAhead) else CHUNK,
-            isinstance(stream, ProbesIdle),
-            isinstance(stream, Recycles),
-            isinstance(stream, HalfCloses),
-        )
-    return found
-
-
-class InferenceError(Exception):
-    """Raise from a handler to answer with a V2 error response.
-
-    ``status`` is an HTTP error status, 400 to 599; any other is a
-    :class:`binproto.LocalProtocolError` (a handler raising it is answered 500).
-    """
-
-    def __init__(self, message: str, status: int = 400, *, allow: str | None = None) -> None:
-        try:
-            code = whole_number(status, "status")  # (an HTTPStatus, a numpy integer)
-        except LocalProtocolError:
-            code = 0
-        if not 400 <= code <= 599:
-            raise LocalProtocolError(
-                f"an InferenceError's status is an HTTP error status, 400-599; got {status!r}"
-            )
-        super().__init__(message)
-        self.message = message
-        self.status = code
-        #: The methods of the resource, sent in ``Allow`` with a 405.
-        self.allow = allow
-
-
-def seconds_or_none(value: Any, what: str) -> float | None:
-    """``value`` as a bound in seconds: None (no bound), or a positive number
-    a float holds finitely (an int, a float or a numpy number; not a bool,
-    not NaN, not an int too big for a float). Anything else is the caller's
-    :class:`LocalProtocolError`, naming ``what``."""
-    if value is None:
-        return None
-    try:
-        real = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
-        seconds = float(value) if real else None
-    except OverflowError:
-        seconds = None
-    if seconds is None or not 0 < seconds < math.inf:
-        raise LocalProtocolError(
-            f"{what} must be a positive number of seconds or None, got {value!r}"
-        )
-    return seconds
-
-
-@dataclass(frozen=True, slots=True)
-class Timeouts:
-    """How long a server waits for a peer, in seconds (None: no bound).
-
-    The defaults are those of production HTTP servers (uvicorn's keep-alive,
-    hypercorn's and gunicorn's read timeouts). A request refused by a timeout
-    is answered with 408 when an answer can still be sent, then the
-    connection is closed.
-
-    Attributes:
-        keep_alive: idle time allowed before the first byte of a request (on
-            a new connection, or after a response): then the connection is
-            closed without an answer.
-        head: a deadline for the whole request head, from its first byte (a
-            head dripped a byte at a time is cut at it): 408.
-        body: the longest wait for more of the request body (inactivity, not
-            a deadline: a slow body that keeps moving is read): 408.
-        write: the longest wait for the peer to take the response's bytes (a
-            client that stops reading): the connection is closed.
-    """
-
-    keep_alive: float | None = 5.0
-    head: float | None = 10.0
-    body: float | None = 30.0
-    write: float | None = 30.0
-
-    def __post_init__(self) -> None:
-        for name in ("keep_alive", "head", "body", "write"):
-            value = getattr(self, name)
-            seconds = seconds_or_none(value, f"timeout {name}")
-            if type(value) not in (int, float):
-                # A number of another kind (numpy's) kept as a float: the
-                # server adds it to the clock (frozen: set directly).
-                object.__setattr__(self, name, seconds)
-
-    @classmethod
-    def every(cls, seconds: float | None) -> Timeouts:
-        """The same bound for every phase."""
-        return cls(seconds, seconds, seconds, seconds)
-
-
-class BodyBudget:
-    """The request body bytes a server's connections may hold at once.
-
-    Each inference request claims the bytes its body will take before they
-    are read: its ``Content-Length`` (or its JSON header's length, when more)
-    when its head arrives; then what its JSON header announces (a compressed
-    or chunked body's tensors), once that is parsed; and a chunked body's
-    bytes as they come. A claim that would take the total past ``most`` while
-    other requests hold bytes is refused with a 503 (an
-    :class:`InferenceError`, answered as any refusal: after the rest of the
-    body is read and dropped, so the client sees it). One request alone is
-    always admitted, bounded by its own :class:`~binproto.Limits`. A
-    request's claim is given back when its response has been sent, or when
-    it fails (before the rest of its body is dropped). Not thread-safe: one
-    per event loop.
-    """
-
-    __slots__ = ("held", "most")
-
-    def __init__(self, most: int) -> None:
-        if type(most) is not int or most < 0:
-            raise LocalProtocolError(
-                f"max_body_bytes_in_flight must be None or an int >= 0, got {most!r}"
-            )
-        self.most = most
-        #: The bytes claimed by the requests in flight.
-        self.held = 0
-
-    def claim(self, reader: BodyReader, size: int) -> None:
-        """Raise the claim of ``reader``'s request to ``size`` bytes (never
-        lowers it), or refuse it with a 503."""
-        extra = size - reader.claimed
-        if extra <= 0:
-            return
-        others = self.held - reader.claimed
-        if others and self.held + extra > self.most:
-            raise InferenceError(
-                f"the server is busy: requests in flight hold {others} body bytes, and this"
-                f" one's {size} would pass the {self.most} it takes at once; retry later",
-                503,
-            )
-        self.held += extra
-        reader.claimed = size
-
-    def release(self, reader: BodyReader) -> None:
-        """Give back what ``reader``'s request claimed."""
-        self.held -= reader.claimed
-        reader.claimed = 0
 
 
 def _release(*faults: BaseException | None) -> None:
@@ -806,568 +533,6 @@ class BodyReader:
         )
 
 
-class MessageBody:
-    """The events of one message body, read from the stream on demand.
-
-    Used for request bodies on the server and response bodies on the client.
-    ``kind`` says which; ``claims`` are what the message's head says of its
-    body (:func:`binproto.body_claims`); ``limits`` and ``strict_bool`` are
-    the parser's. ``header`` is set once HeaderParsed has been returned.
-
-    A small body that is all received with its head is decoded whole
-    (:data:`WHOLE_BODY`), with no parser; :attr:`parser` is built when events
-    are asked for.
-    """
-
-    def __init__(
-        self,
-        kind: Kind,
-        claims: BodyClaims,
-        reader: BodyReader,
-        *,
-        limits: Limits | None = None,
-        strict_bool: bool = True,
-        raw_input: TensorSpec | None = None,
-    ) -> None:
-        self.kind: Kind = kind
-        self.claims = claims
-        self.limits = limits  # None: the parser's defaults
-        self.strict_bool = strict_bool
-        self.raw_input = raw_input  # what a raw binary request's body is
-        self._parser: Parser | None = None
-        self._reader = reader
-        # A compressed body expands on the event loop: yield now and then.
-        compressed = claims.content_encoding is not None
-        self._checkpoint = reader.checkpoint if compressed else None
-        self._unyielded = 0  # decompressed tensor bytes handed out since the last yield
-        self.header: InferenceHeader | None = None
-        self._header_event: HeaderParsed | None = None
-        self._fed = 0  # body bytes given to the parser
-        self._tensor_events = False  # next_event() has returned tensor events
-        #: The assembler :meth:`tensors` used (its counters tell what was
-        #: copied); None when the body was decoded whole (see WHOLE_BODY).
-        self.assembler: TensorAssembler | None = None
-        # The body bytes from which parser steps run in a worker thread, until
-        # the header is parsed: a JSON header big enough to slow the loop,
-        # once all of it is in; a compressed one, inflated and parsed in the
-        # step that has its bytes; one whose end is the body's end (chunked).
-        self._thread_from = claims.slow_header_from() if reader.to_thread is not None else None
-        hl = claims.header_length
-        #: True when the JSON header was parsed in a worker thread (it was big).
-        self.header_in_thread = False
-        # A small compressed body with binary tensors is read whole first: a
-        # gzip trailer then tells its decompressed size before it is inflated.
-        remaining = reader.remaining
-        self._ahead = (
-            compressed and hl is not None and remaining is not None and remaining <= GZIP_AHEAD
-        )
-        self._start = b""  # the first and last bytes of a body read ahead
-        self._end = b""
-        # A small body decoded whole (see WHOLE_BODY): its bytes, until the
-        # parser is given them (when events are asked for), and its tensors;
-        # then whether they were taken whole (tensors(), or drained unread):
-        # the body is then complete, with no events to hand out.
-        self._whole: memoryview | None = None
-        self._decoded: dict[str, np.ndarray[Any, Any]] | None = None
-        self._taken_whole = False
-        self._tensors: dict[str, np.ndarray[Any, Any]] | None = None  # what tensors() returned
-
-    @property
-    def parser(self) -> Parser:
-        """The body's parser, built the first time it is asked for."""
-        if self._parser is None:
-            claims = self.claims
-            self._parser = Parser(
-                self.kind,
-                header_length=claims.header_length,
-                content_length=claims.content_length,
-                limits=self.limits,
-                strict_bool=self.strict_bool,
-                content_encoding=claims.content_encoding,
-                raw_input=self.raw_input,
-            )
-        return self._parser
-
-    @property
-    def failed(self) -> bool:
-        """True when parsing the body found a fault."""
-        parser = self._parser
-        return parser is not None and parser.state is binproto.ParserState.ERROR
-
-    async def _next_in_thread(self) -> Event | NeedData:
-        """``parser.next_event()`` in a worker thread: a step that may parse
-        a big JSON header or inflate a compressed one (nothing else touches
-        the parser meanwhile)."""
-        self.header_in_thread = True
-        to_thread = self._reader.to_thread
-        assert to_thread is not None
-        event: Event | NeedData = await to_thread(self.parser.next_event)
-        return event
-
-    @property
-    def complete(self) -> bool:
-        """True once MessageComplete has been returned, or a body decoded
-        whole was taken whole (by :meth:`tensors` or :meth:`drain`)."""
-        parser = self._parser
-        return self._taken_whole or (
-            parser is not None and parser.state is binproto.ParserState.DONE
-        )
-
-    def release(self) -> None:
-        """Let go of the body's tensor memory (its assembler and arrays):
-        what a reader that failed calls, so that the arrays go now, not when
-        the fault that references this body is collected. The parser stays
-        as it is (in its ERROR state after a fault it found), so a later call
-        fails as it would have."""
-        self.assembler = None
-        self._whole = self._decoded = self._tensors = None
-
-    def _take_whole(self) -> None:
-        """A body decoded whole is taken whole: no events are left."""
-        self._taken_whole = True
-        self._whole = self._decoded = None
-
-    def _decode_whole(self) -> None:
-        """Decode a small body that is all here at once, whole: the parser's
-        own checks (in :func:`binproto.decode_request`), without its events."""
-        claims = self.claims
-        hl = claims.header_length
-        if claims.content_encoding is not None or hl == 0:
-            return  # compressed, or raw: the parser's own path
-        body = self._reader.take_whole(WHOLE_BODY, hl or 0)
-        if body is None:
-            return
-        self._fed = len(body)
-        decode = binproto.decode_request if self.kind == "request" else binproto.decode_response
-        decoded = decode(body, header_length=hl, limits=self.limits, strict_bool=self.strict_bool)
-        self.header = decoded.header
-        self._whole = body
-        self._decoded = aligned_arrays(decoded.tensors)
-
-    def _to_parser(self) -> None:
-        """Give the parser a body decoded whole, for its events: its header
-        event is taken here, as :meth:`read_header` took it."""
-        body = self._whole
-        if body is None:
-            return
-        self._whole = self._decoded = None
-        parser = self.parser
-        parser.receive_data(body)
-        event = parser.next_event()
-        assert type(event) is HeaderParsed
-        self._header_event = event
-
-    async def next_event(self) -> Event:
-        """The next parser event; reads the stream only when the parser needs bytes."""
-        if self._taken_whole:
-            raise LocalProtocolError("no more events: the message is complete")
-        self._to_parser()
-        parser = self.parser
-        while True:
-            start = self._thread_from
-            if start is not None and self._fed >= start:
-                event = await self._next_in_thread()
-            else:
-                event = parser.next_event()
-            if event is not NEED_DATA:
-                if type(event) is HeaderParsed:
-                    self._thread_from = None
-                    self.header = event.header
-                    self._header_event = event
-                    if self._end:
-                        self._check_gzip_size(event.header)
-                elif type(event) is MessageComplete:
-                    await self._reader.finish()
-                else:
-                    self._tensor_events = True
-                    if self._checkpoint is not None and type(event) is TensorChunk:
-                        await self._pause(len(event.data))
-                return event
-            if self._ahead:
-                await self._read_ahead()
-                continue
-            data = await self._reader.read()
-            self._fed += len(data)
-            parser.receive_data(data)
-
-    async def _read_ahead(self) -> None:
-        """Give the parser the whole (small, compressed) body, keeping its
-        first and last bytes for :meth:`_check_gzip_size`."""
-        self._ahead = False
-        while True:
-            data = await self._reader.read()
-            self._fed += len(data)
-            self.parser.receive_data(data)
-            if not len(data):
-                return
-            if len(self._start) < 2:
-                self._start += bytes(data[: 2 - len(self._start)])
-            self._end = (self._end + bytes(data[-4:]))[-4:]
-
-    def _check_gzip_size(self, header: InferenceHeader) -> None:
-        """Refuse a gzip body (read whole) whose trailer is not what the
-        header claims, before inflating its tensors (see check_gzip_size)."""
-        hl = self.claims.header_length
-        if hl is not None:
-            check_gzip_size(self._start, self._end, hl + header.binary_size, hl)
-
-    async def read_header(self) -> InferenceHeader:
-        """Read up to HeaderParsed (if not done yet) and return the header."""
-        if self.header is None and not self._fed:
-            self._decode_whole()
-        while self.header is None:
-            await self.next_event()
-        return self.header
-
-    def __aiter__(self) -> AsyncIterator[Event]:
-        return self._events()
-
-    async def _events(self) -> AsyncIterator[Event]:
-        self._to_parser()
-        while not self.complete:
-            yield await self.next_event()
-
-    async def drain(self) -> None:
-        """Parse (and drop) the rest of the body, so that it is checked to the end."""
-        if self._whole is not None:  # decoded whole: checked to the end already
-            self._take_whole()
-            return
-        while not self.complete:
-            await self.next_event()
-
-    async def tensors(self, destinations: Destinations = None) -> dict[str, np.ndarray[Any, Any]]:
-        """Read the rest of the body and return every tensor as an array.
-
-        ``destinations`` is as for :class:`binproto.TensorAssembler`. When the
-        stream allows it, tensor bytes are received straight into the tensors'
-        memory, with no copy (``assembler.bytes_in_place`` counts them).
-        Call it before taking any tensor event with :meth:`next_event`. A
-        second call returns the same arrays (without ``destinations``).
-        """
-        if self._tensors is not None:
-            if destinations is not None:
-                raise LocalProtocolError("tensors() was called already: destinations come too late")
-            return self._tensors
-        if self._tensor_events:
-            raise LocalProtocolError("tensors() needs every tensor event; some were taken")
-        decoded = self._decoded
-        if decoded is not None and destinations is None:
-            self._take_whole()
-            self._tensors = decoded
-            return decoded
-        self._to_parser()
-        asm = TensorAssembler(destinations)
-        self.assembler = asm
-        if self._header_event is not None:
-            asm.feed(self._header_event)
-        parser = self.parser
-        reader = self._reader
-        while not self.complete:
-            start = self._thread_from
-            if start is not None and self._fed >= start:
-                event = await self._next_in_thread()
-            else:
-                event = parser.next_event()
-            if event is NEED_DATA:
-                view = receive_target(parser, asm) if reader.in_place else None
-                if view is not None:
-                    n = await reader.read_into(view)
-                    self._fed += n
-                    parser.receive_data(view[:n])
-                else:
-                    # Stop at the end of the JSON header, so tensor bytes go in place.
-                    data = await reader.read(header_rest(parser, self._fed))
-                    self._fed += len(data)
-                    parser.receive_data(data)
-                continue
-            if type(event) is HeaderParsed:
-                self._thread_from = None
-                self.header = event.header
-                self._header_event = event
-            elif type(event) is MessageComplete:
-                await reader.finish()
-            asm.feed(event)
-            if self._checkpoint is not None and type(event) is TensorChunk:
-                await self._pause(len(event.data))
-        self._tensors = asm.tensors
-        return asm.tensors
-
-    async def _pause(self, n: int) -> None:
-        """Count ``n`` more decompressed bytes; past :data:`YIELD_BYTES`, let
-        other tasks run."""
-        self._unyielded += n
-        if self._unyielded >= YIELD_BYTES and self._checkpoint is not None:
-            self._unyielded = 0
-            await self._checkpoint()
-
-
-@dataclass
-class InferRequest:
-    """An inference request as a handler sees it.
-
-    ``body`` gives the request body's events on demand (``async for event in
-    request.body``) or every tensor at once (``await request.tensors()``);
-    ``header`` is the parsed JSON header (read before the handler is called).
-    """
-
-    model: Model
-    version: str | None
-    #: The request's head (requests with the same head may share one:
-    #: see :class:`KnownHeads`).
-    http: h11.Request
-    header: InferenceHeader
-    body: MessageBody
-
-    async def tensors(self, destinations: Destinations = None) -> dict[str, np.ndarray[Any, Any]]:
-        """Every input as a numpy array (see :meth:`MessageBody.tensors`)."""
-        return await self.body.tensors(destinations)
-
-
-@dataclass
-class StreamingResponse:
-    """A response whose tensor bytes a handler produces as it goes.
-
-    ``writer`` is a :class:`binproto.BodyWriter` for the response header;
-    ``chunks`` yields ``(tensor index, buffer)`` pairs in body order.
-    """
-
-    writer: BodyWriter
-    chunks: AsyncIterable[tuple[int, Any]]
-
-
-#: What a handler returns: outputs by name (encoded with the request's output
-#: policy), an already encoded body, or a streaming response.
-HandlerResult = Mapping[str, Any] | Sequence[Tensor] | EncodedBody | StreamingResponse
-Handler = Callable[[InferRequest], Awaitable[HandlerResult]]
-
-
-@dataclass
-class Model:
-    """A model the server serves: its name, versions, metadata and handler.
-
-    The handler gets an :class:`InferRequest` and returns a mapping of output
-    names to arrays (or lists, or :class:`binproto.Tensor`), an encoded body,
-    or a :class:`StreamingResponse`; it may raise :class:`InferenceError`.
-    """
-
-    name: str
-    handler: Handler
-    versions: Sequence[str] = ("1",)  # (a str is one version, not its characters)
-    inputs: Sequence[Mapping[str, Any]] = ()
-    outputs: Sequence[Mapping[str, Any]] = ()
-    platform: str = "binproto"
-
-    def raw_input(self) -> TensorSpec | None:
-        """What a raw binary request's body stands for: the model's one
-        declared input (its ``name``, ``datatype`` and ``shape``, ``-1`` for a
-        variable dimension); None when it declares none or several."""
-        if len(self.inputs) != 1:
-            return None
-        (spec,) = self.inputs
-        try:
-            return TensorSpec(spec["name"], spec["datatype"], spec["shape"])
-        except KeyError as exc:
-            raise LocalProtocolError(f"model '{self.name}' input metadata has no {exc}") from None
-
-    def __post_init__(self) -> None:
-        if isinstance(self.versions, str):
-            raise LocalProtocolError(
-                f"Model versions are a sequence of strings, got the string {self.versions!r}"
-            )
-        self.versions = tuple(self.versions)
-
-    def metadata(self) -> dict[str, Any]:
-        """The model metadata object (``GET /v2/models/{name}``)."""
-        return {
-            "name": self.name,
-            "versions": list(self.versions),
-            "platform": self.platform,
-            "inputs": [dict(t) for t in self.inputs],
-            "outputs": [dict(t) for t in self.outputs],
-        }
-
-
-async def _echo(request: InferRequest) -> Mapping[str, Any]:
-    tensors = await request.tensors()
-    header = request.header
-    wanted = header.requested_outputs
-    names = [o.name for o in wanted] if wanted is not None else list(tensors)
-    outputs: dict[str, Any] = {}
-    for name in names:
-        if name not in tensors:
-            raise InferenceError(
-                f"unexpected inference output '{name}' for model '{request.model.name}'"
-            )
-        info = header.tensor(name)
-        outputs[name] = binproto.Tensor(name, tensors[name], datatype=info.datatype)
-    return outputs
-
-
-def _unknown_outputs(header: InferenceHeader, result: Any) -> list[str]:
-    """The outputs the request asks for that ``result`` (outputs by name, or a
-    sequence of :class:`binproto.Tensor`) does not hold."""
-    wanted = header.requested_outputs
-    if wanted is None:
-        return []
-    if isinstance(result, Mapping):
-        given = set(result)
-    elif isinstance(result, Sequence) and all(isinstance(t, Tensor) for t in result):
-        given = {t.name for t in result}
-    else:
-        return []  # (the encoder says what is wrong with it)
-    return [o.name for o in wanted if o.name not in given]
-
-
-def echo_model(name: str = "echo") -> Model:
-    """The built-in model: each input comes back as the output of the same name."""
-    return Model(name=name, handler=_echo)
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    """Where a request goes: ``kind`` and, for model routes, the model and version."""
-
-    kind: str  # "server", "live", "ready", "model", "model_ready", "infer", "not_found"
-    model: str | None = None
-    version: str | None = None
-    method: str = "GET"  #: the method the route accepts
-
-
-#: The ``Allow`` header of a route's 405, by the method the route accepts.
-_ALLOWED = {"GET": "GET, HEAD", "POST": "POST"}
-
-
-def route(method: str, target: str) -> Route:
-    """Route a request target (a path with an optional query) to an endpoint."""
-    try:
-        path = urllib.parse.urlsplit(target).path
-    except ValueError:  # e.g. "//[": not a target any endpoint has
-        return Route("not_found")
-    parts = [urllib.parse.unquote(p) for p in path.strip("/").split("/")]
-    if parts == ["v2"]:
-        return Route("server")
-    if parts == ["v2", "health", "live"]:
-        return Route("live")
-    if parts == ["v2", "health", "ready"]:
-        return Route("ready")
-    if len(parts) >= 3 and parts[:2] == ["v2", "models"] and parts[2]:
-        name = parts[2]
-        rest = parts[3:]
-        version = None
-        if len(rest) >= 2 and rest[0] == "versions" and rest[1]:
-            version = rest[1]
-            rest = rest[2:]
-        if not rest:
-            return Route("model", name, version)
-        if rest == ["ready"]:
-            return Route("model_ready", name, version)
-        if rest == ["infer"]:
-            return Route("infer", name, version, method="POST")
-    return Route("not_found")
-
-
-#: Targets up to this long have their routes remembered (see _route_of).
-_REMEMBERED_TARGET = 256
-
-
-@functools.lru_cache(maxsize=256)
-def _remembered_route(target: str) -> Route:
-    return route("", target)
-
-
-def _route_of(target: str) -> Route:
-    """``route(target)``; a server sees the same few targets again and again,
-    so the routes of the last 256 short ones are kept (a few dozen KiB at most)."""
-    if len(target) <= _REMEMBERED_TARGET:
-        return _remembered_route(target)
-    return route("", target)
-
-
-#: Where a request head ends: its first empty line (as h11 finds it).
-_HEAD_END = re.compile(rb"\n\r?\n")
-
-
-def _split_at_head_end(data: Any) -> tuple[Any, Any]:
-    """``data`` cut after the first empty line in it: what h11 needs to end
-    the head it is reading, and the rest (a view, not a copy). h11 would copy
-    the rest into its buffer, and the body reader out of it again; a body
-    sent with its head skips both. No empty line: all of ``data``, and
-    ``b""``. (An empty line that spans two reads is missed: h11 then holds
-    what follows it, which the body reader takes from it, as before.)"""
-    found = _HEAD_END.search(data)
-    if found is None or found.end() == len(data):
-        return data, b""
-    view = memoryview(data)
-    return view[: found.end()], view[found.end() :]
-
-
-class Head(NamedTuple):
-    """A request head as the server read it."""
-
-    request: h11.Request  #: what h11 read from it
-    fields: HeaderFields  #: its header fields (:func:`~binproto.adapters.h11.fields_of`)
-    ahead: Any  #: bytes received past its end that h11 was not given (see _split_at_head_end)
-
-
-#: Longest request head remembered, in bytes (see KnownHeads).
-REMEMBERED_HEAD_BYTES = 1024
-#: Most header lines a remembered head has.
-REMEMBERED_HEADER_LINES = 32
-#: Most heads a server remembers at once by default (``V2Server.remembered_heads``):
-#: under 1 MiB at the very most.
-REMEMBERED_HEADS = 64
-#: Headers of a head that is never remembered (those that carry credentials among them).
-_NOT_REMEMBERED = (*CREDENTIAL_HEADERS, "transfer-encoding", "expect", "upgrade")
-
-
-class KnownHeads:
-    """The requests h11 read from the last few request heads, by their bytes.
-
-    A client sends the same head again and again: the same target, headers
-    and body length. What h11 reads from a head depends on its bytes alone
-    when the connection held nothing else; and past the head the server uses
-    h11 for nothing when the body is framed by ``Content-Length`` (read
-    around h11: see :class:`BodyReader`) and no ``Expect: 100-continue``
-    waits for an answer: the connection is then as it was before the head.
-    Such a head, received whole into an empty connection, is remembered the
-    second time h11 reads it (the first time only its hash is noted: a head
-    that never comes again, a body length new each time, costs a set entry,
-    not a kept request); when its bytes come again, its request (the same
-    ``h11.Request`` object) is reused and h11 is not given them. As precautions, heads that
-    ask for a protocol switch (``Upgrade``, ``CONNECT``) or carry
-    ``Transfer-Encoding`` are read each time, and heads carrying credentials
-    (``Authorization``, ``Proxy-Authorization``, ``Cookie``) are never kept:
-    the heads are shared by the server's connections, and a known head is
-    answered sooner. Up to ``capacity`` heads are kept (0: none), and the
-    hashes of up to :data:`~binproto._http.SEEN_PER_KEPT` times as many seen
-    once (see :class:`~binproto._http.KeptOnSecondSight`).
-    """
-
-    def __init__(self, capacity: int = REMEMBERED_HEADS) -> None:
-        self.capacity = capacity
-        self._heads: KeptOnSecondSight[bytes, tuple[h11.Request, HeaderFields]] = (
-            KeptOnSecondSight()
-        )
-
-    def get(self, head: bytes) -> tuple[h11.Request, HeaderFields] | None:
-        """The request h11 read from ``head`` before, and its fields; or None."""
-        return self._heads.get(head)
-
-    def remember(self, head: bytes, request: h11.Request, fields: HeaderFields) -> None:
-        """Keep ``request``, which h11 read from ``head`` alone (given it whole,
-        in an empty connection, which holds nothing more), and its ``fields``
-        (:func:`~binproto.adapters.h11.fields_of`), when it qualifies.
-        (The server offers only heads of at most :data:`REMEMBERED_HEAD_BYTES` bytes:
-        a longer one is not copied to be looked up.)"""
-        if not self.capacity or not self._heads.seen_before(head, self.capacity):
-            return
-        if len(request.headers) > REMEMBERED_HEADER_LINES or request.method == b"CONNECT":
-            return
-        if "content-length" not in fields or any(name in fields for name in _NOT_REMEMBERED):
-            return
-        self._heads.keep(head, (request, fields), self.capacity)
-
-
 def _next_connection(rest: tuple[Any, bool], last: h11.Connection) -> h11.Connection:
     """A fresh h11 connection for the next request on a stream, holding
     ``rest``: what was received past the last request, and whether the peer
@@ -1456,7 +621,8 @@ class V2Server:
     def __post_init__(self) -> None:
         most = self.max_body_bytes_in_flight
         self._budget = BodyBudget(most) if most is not None else None
-        self._models = {m.name: m for m in self.models}
+        #: The V2 application this server answers with (models, routes, statuses).
+        self.app = V2Application(self.models, name=self.name, limits=self.limits)
         heads = self.remembered_heads
         if type(heads) is not int or heads < 0:
             raise LocalProtocolError(f"remembered_heads must be an int >= 0, got {heads!r}")
@@ -1475,15 +641,11 @@ class V2Server:
 
     def add_model(self, model: Model) -> None:
         """Serve one more model."""
-        self._models[model.name] = model
+        self.app.add_model(model)
 
     def metadata(self) -> dict[str, Any]:
         """The server metadata object (``GET /v2``)."""
-        return {
-            "name": self.name,
-            "version": binproto.__version__,
-            "extensions": ["binary_tensor_data"],
-        }
+        return self.app.metadata()
 
     async def serve_connection(self, stream: ByteStream, timeouts: Timeouts | None = None) -> None:
         """Serve requests on ``stream`` until the peer closes or an error ends it.
@@ -1761,110 +923,14 @@ class V2Server:
                 )
 
     def _get(self, r: Route) -> tuple[h11.Response, bytes]:
-        if r.kind == "server":
-            return json_response(self.metadata())
-        if r.kind in ("live", "ready"):
-            return json_response({r.kind: True})  # (KServe's clients read the field)
         if r.kind == "not_found":
             return error_response("Not Found", 404)
-        model = self._model(r)
-        if r.kind == "model_ready":
-            return json_response({"name": model.name, "ready": True})
-        return json_response(model.metadata())
-
-    def _model(self, r: Route) -> Model:
-        assert r.model is not None
-        model = self._models.get(r.model)
-        if model is None:
-            raise InferenceError(f"Request for unknown model: '{r.model}' is not found", 404)
-        if r.version is not None and r.version not in model.versions:
-            raise InferenceError(
-                f"Request for unknown model: '{r.model}' version {r.version} is not found", 404
-            )
-        return model
+        return json_response(self.app.get(r))
 
     async def _infer(
         self, req: h11.Request, fields: HeaderFields, r: Route, reader: BodyReader
     ) -> tuple[MessageBody, Any]:
-        model = self._model(r)
-        claims = body_claims(fields)
-        raw_input = None
-        if claims.header_length == 0:  # a raw binary request: the body is the one input
-            raw_input = model.raw_input()
-            if raw_input is None:
-                raise InferenceError(
-                    "a raw binary request is the bytes of a model's one input: model"
-                    f" '{model.name}' declares {len(model.inputs)} inputs"
-                )
-            claims.check_raw_length(raw_input)
-        budget = self._budget
-        if budget is not None:  # (a known model: a request for none takes no memory)
-            reader.budget = budget
-            # Its Content-Length, or the JSON header a compressed body inflates
-            # to before it is parsed, when that is more.
-            if reader.remaining is not None:
-                budget.claim(reader, max(reader.remaining, claims.header_length or 0))
-        body = MessageBody("request", claims, reader, limits=self.limits, raw_input=raw_input)
-        header = await body.read_header()
-        if budget is not None:  # what the header announces, before those bytes are read
-            budget.claim(reader, header.header_length + header.binary_size)
-        shared = [t.name for t in header.tensors if t.shared_memory]
-        if shared:
-            raise InferenceError(f"shared memory is not supported here (inputs {shared})")
-        classified = [
-            o.name
-            for o in header.requested_outputs or ()
-            if "classification" in (o.parameters or {})
-        ]
-        if classified:  # (an extension this server does not list: not the tensor in its place)
-            raise InferenceError(f"classification is not supported here (outputs {classified})")
-        request = InferRequest(model, r.version, req, header, body)
-        try:
-            result = await model.handler(request)
-        except Exception:
-            remaining = reader.remaining
-            if (
-                not body.complete
-                and not body.failed
-                and reader.failed is None
-                and remaining is not None
-                and remaining <= DISCARD_LIMIT
-            ):
-                # A fault in the body comes first, whatever the handler said;
-                # but a body too big to read for it (a claim the server could
-                # not allocate, say) is refused with the handler's answer now,
-                # and one that stalled (the reader's fault) is not waited for again.
-                await body.drain()
-            raise
-        if not body.complete:
-            await body.drain()
-        if isinstance(result, (StreamingResponse, EncodedBody)):
-            return body, result
-        unknown = _unknown_outputs(header, result)
-        if unknown:  # the client asked for what the model does not give: its fault (400)
-            raise InferenceError(
-                f"unexpected inference output '{unknown[0]}' for model '{model.name}'"
-            )
-        version = r.version
-        if version is None and model.versions:
-            version = model.versions[0]
-        limits = self.limits if self.limits is not None else DEFAULT_LIMITS
-        encode = functools.partial(
-            binproto.encode_response,
-            result,
-            model_name=model.name,
-            model_version=version,
-            id=header.id,
-            request=header,
-            max_json_elements=limits.max_json_output_elements,
-        )
-        if reader.to_thread is not None and (
-            body.header_in_thread or json_output_elements(header, result) >= THREAD_JSON
-        ):
-            # JSON text is written a slice at a time, each slice a pass in C:
-            # in a thread, the event loop runs between slices.
-            return body, await reader.to_thread(encode)
-        return body, encode()
+        return await self.app.infer(req, body_claims(fields), r, reader, self._budget)
 
     async def _stream_response(
         self, stream: ByteStream, framer: ResponseFramer, response: StreamingResponse

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import traceback
 from collections.abc import (
     AsyncIterable,
     AsyncIterator,
@@ -50,26 +51,21 @@ import binproto
 from binproto import (
     DecodedMessage,
     Event,
-    HeaderParsed,
     Limits,
     LocalProtocolError,
     Parser,
     ParserState,
     ProtocolError,
     RemoteProtocolError,
-    TensorAssembler,
     TensorSpec,
 )
 from binproto._assemble import Destinations
 from binproto._compression import (
     ENCODINGS,
-    GZIP_AHEAD,
-    check_gzip_size,
     check_level,
     compress_buffers,
     normalize_encoding,
 )
-from binproto._decode import _decode_plain
 from binproto._http import (
     CREDENTIAL_HEADERS,
     TE_IN_HTTP_1_0,
@@ -80,19 +76,23 @@ from binproto._http import (
 from binproto._parser import DEFAULT_LIMITS, check_arguments
 from binproto._util import (
     GATHER_BELOW,
-    aligned_arrays,
-    aligned_copy,
     as_byte_view,
     gather_small,
     whole_number,
 )
 from binproto._writer import response_start
 
+from ._intake import MessageBody
+
 if TYPE_CHECKING:
     from starlette.background import BackgroundTask
     from starlette.responses import Response as _ResponseBase
 
     from binproto import BodyWriter, EncodedBody
+
+    from ._app import InferRequest, Model, StreamingResponse, echo_model
+    from ._asgi_app import V2App
+    from ._intake import InferenceError
 else:
     try:
         from starlette.responses import Response as _ResponseBase
@@ -108,18 +108,27 @@ except ImportError:  # pragma: no cover - Starlette is optional
         """Never raised: Starlette is not installed."""
 
 
+#: Names of the V2 application importable from here too.
+_APP_NAMES = ("InferRequest", "InferenceError", "Model", "StreamingResponse", "echo_model")
+
 __all__ = [
     "CHUNK_SIZE",
     "BodySource",
     "BufferResponse",
     "ClientDisconnected",
     "EncodedResponse",
+    "InferRequest",
+    "InferenceError",
     "Message",
+    "Model",
     "Receive",
     "Scope",
     "Send",
+    "StreamingResponse",
+    "V2App",
     "WriterResponse",
     "body_chunks",
+    "echo_model",
     "error_response",
     "iter_events",
     "parser_from_scope",
@@ -399,84 +408,44 @@ async def read_request(
     :class:`binproto.TensorAssembler`). Returns the header and the tensors by
     name.
 
-    A body that arrives in one message (most small requests) is copied once,
-    whole, and decoded as a whole body (:func:`binproto.decode_request`: the
-    parser's checks without its per-event work), its tensors arrays over that
-    copy; without ``destinations`` only, and not a raw body. A compressed body
-    of up to 16 MiB is read whole before it is parsed, and a gzip body whose
-    trailer does not give the size its header claims is refused before its
-    tensors are inflated (as :class:`~binproto.adapters.asyncio.V2Server`
-    does). Any other body is parsed as it arrives, never held whole. ``raw_input`` is the
-    model's one input, which a raw binary request's body stands for
-    (``Inference-Header-Content-Length: 0``; refused without it).
+    The body is taken in as binproto's servers take it (one rule, in
+    :class:`~binproto.adapters.server.MessageBody`): a small body that arrives
+    in one message (most small requests) is copied once, whole, and decoded as
+    a whole body (:func:`binproto.decode_request`: the parser's checks without
+    its per-event work), its tensors arrays over that copy; without
+    ``destinations`` only, and not a raw body. A compressed body of up to
+    16 MiB is read whole before it is parsed, and a gzip body whose trailer
+    does not give the size its header claims is refused before its tensors
+    are inflated. Any other body is parsed as it arrives, never held whole;
+    a big JSON header (or a compressed one) is parsed in a worker thread
+    under asyncio. ``raw_input`` is the model's one input, which a raw
+    binary request's body stands for (``Inference-Header-Content-Length: 0``;
+    refused without it).
     """
+    from ._asgi_app import AsgiBodyReader  # (it builds on this module)
+
     claims = binproto.body_claims(_request_fields(scope))
     check_arguments("request", claims.header_length, claims.content_length, limits, raw_input)
-    limits = limits if limits is not None else DEFAULT_LIMITS
     # The head's claims are checked before the first receive (see iter_events).
-    claims.check(limits, raw_input=raw_input)
-    length = claims.content_length
-    chunks = _Chunks(source)
-    # An empty body is refused by the parser below, before any receive.
-    first = await anext(chunks, None) if length != 0 else None
-    compressed = claims.content_encoding is not None
-    ahead: tuple[bytes, bytes] | None = None  # a compressed body's first and last bytes
-    if first is not None and length is not None:
-        if compressed and len(first) < length <= GZIP_AHEAD:
-            # A small compressed body is taken whole first: a gzip body's
-            # trailer then tells its size before its tensors are inflated.
-            first = bytearray(first)
-            while len(first) < length and (chunk := await anext(chunks, None)) is not None:
-                first += chunk
-        if compressed and len(first) == length:
-            ahead = (bytes(first[:2]), bytes(first[-4:]))
-        hl = claims.header_length
-        if not compressed and len(first) == length and destinations is None and hl != 0:
-            # Writable, aligned arrays of their own, as the assembler's; no
-            # parser: the body is decoded whole, without decode()'s checks of
-            # its arguments, made above. (A raw body, which decode() would
-            # take through a parser, is parsed below.)
-            decoded = _decode_plain(
-                "request", aligned_copy(first, hl or 0), hl, limits, strict_bool
-            )
-            tensors = aligned_arrays(decoded.tensors)
-            return decoded if tensors is decoded.tensors else decoded._replace(tensors=tensors)
-    parser = Parser(
-        "request",
-        header_length=claims.header_length,
-        content_length=length,
-        limits=limits,
-        strict_bool=strict_bool,
-        content_encoding=claims.content_encoding,
-        raw_input=raw_input,
+    claims.check(limits if limits is not None else DEFAULT_LIMITS, raw_input=raw_input)
+    reader = AsgiBodyReader(source, claims.content_length)
+    if claims.content_length and claims.content_encoding is None and destinations is None:
+        await reader.prime()  # (a body all in its first message is decoded whole)
+    body = MessageBody(
+        "request", claims, reader, limits=limits, strict_bool=strict_bool, raw_input=raw_input
     )
-    assembler = TensorAssembler(destinations)
-    if first is not None:
-        parser.receive_data(first)
-
-    def feed(events: Iterator[Event]) -> None:
-        for event in events:
-            if ahead is not None and type(event) is HeaderParsed:
-                hl = parser.header_length
-                if hl is not None:
-                    check_gzip_size(*ahead, hl + event.header.binary_size, hl)
-            assembler.feed(event)
-
-    # Until its header is parsed, a body that may inflate or parse for long
-    # is read in a worker thread (under asyncio), as V2Server does.
-    to_thread = _thread_runner() if claims.slow_header_from() is not None else None
     try:
-        async for events in _event_batches(parser, source, chunks):
-            if to_thread is not None and parser.state is ParserState.HEADER:
-                await to_thread(feed, events)
-            else:
-                feed(events)
-    except BaseException:
-        # The fault's traceback keeps this frame (and the parser may keep the
-        # fault, a cycle): drop the arrays now, not when the collector runs.
-        del assembler
+        header = await body.read_header()
+        tensors = await body.tensors(destinations)
+    except BaseException as exc:
+        # The fault's traceback keeps the reading frames (and the parser may
+        # keep the fault, a cycle): drop the arrays now, not when the
+        # collector runs (as binproto's servers do).
+        body.release()
+        traceback.clear_frames(exc.__traceback__)  # (skips frames still running)
         raise
-    return assembler.message()
+    shared = tuple(t.name for t in header.tensors if t.shared_memory)
+    return DecodedMessage(header, tensors, shared)
 
 
 # -- sending ------------------------------------------------------------------------
@@ -774,7 +743,8 @@ def error_response(error: BaseException | str, status: int | None = None) -> Buf
 
     The status is ``status``, else a :class:`binproto.ProtocolError`'s
     ``status_hint``, else 400. A 415 (unsupported content encoding) also
-    names the encodings binproto decodes in ``Accept-Encoding``.
+    names the encodings binproto decodes in ``Accept-Encoding``; a 503 says
+    ``Retry-After: 1``.
     """
     if isinstance(error, ProtocolError):
         code = status if status is not None else error.status_hint
@@ -785,4 +755,20 @@ def error_response(error: BaseException | str, status: int | None = None) -> Buf
     if code == 415:
         # Tell the client which content codings it may use instead (RFC 7694).
         headers.append(("accept-encoding", ", ".join(ENCODINGS)))
+    if code == 503:  # busy, not broken: say when to come back
+        headers.append(("retry-after", "1"))
     return BufferResponse([payload], code, headers)
+
+
+def __getattr__(name: str) -> Any:
+    # The whole V2 application (and the names its models are written with)
+    # live in modules that import this one: looked up when first asked for.
+    if name == "V2App":
+        from ._asgi_app import V2App
+
+        return V2App
+    if name in _APP_NAMES:
+        from . import server
+
+        return getattr(server, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -867,6 +867,7 @@ async def start_server(
     *,
     zero_copy: bool = True,
     timeout: float | None = None,
+    sock: socket.socket | None = None,
 ) -> asyncio.Server:
     """Start serving ``server`` (default: one with the ``echo`` model).
 
@@ -876,8 +877,10 @@ async def start_server(
     instead. Port 0 picks a free port: read it from
     ``server.sockets[0].getsockname()[1]``. Stop it with :func:`close_server`,
     which also ends the connections it is serving. The listen backlog is
-    :data:`BACKLOG`.
+    :data:`BACKLOG`. ``sock``, when given, is a listening socket to serve on
+    instead of ``host`` and ``port`` (one a parent process shares with its workers).
     """
+    where: dict[str, Any] = {"sock": sock} if sock is not None else {"host": host, "port": port}
     app = server if server is not None else V2Server()
     bounds = Timeouts.every(timeout) if timeout is not None else None
     tasks: set[asyncio.Task[None]] = set()
@@ -897,7 +900,7 @@ async def start_server(
         def protocol() -> asyncio.BaseProtocol:
             return _ReceiveProtocol(spawn, timeout, buffers)
 
-        srv = await loop.create_server(protocol, host, port, backlog=BACKLOG)
+        srv = await loop.create_server(protocol, backlog=BACKLOG, **where)
         _accept_with_backoff(srv, protocol)
     else:
 
@@ -912,7 +915,7 @@ async def start_server(
                 # streams would log a cancelled handler as an error.
                 pass
 
-        srv = await asyncio.start_server(on_client, host, port, limit=STREAM_LIMIT, backlog=BACKLOG)
+        srv = await asyncio.start_server(on_client, limit=STREAM_LIMIT, backlog=BACKLOG, **where)
 
         def streams() -> asyncio.BaseProtocol:
             reader = asyncio.StreamReader(limit=STREAM_LIMIT)
@@ -943,13 +946,14 @@ async def serve(
     zero_copy: bool = True,
     timeout: float | None = None,
     ready: Callable[[int], object] | None = None,
+    sock: socket.socket | None = None,
 ) -> None:
     """Run the server until cancelled (options as for :func:`start_server`);
     then its connections are closed too.
 
     ``ready(port)`` is called once listening.
     """
-    srv = await start_server(server, host, port, zero_copy=zero_copy, timeout=timeout)
+    srv = await start_server(server, host, port, zero_copy=zero_copy, timeout=timeout, sock=sock)
     try:
         if ready is not None:
             ready(srv.sockets[0].getsockname()[1])

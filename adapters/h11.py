@@ -53,6 +53,8 @@ from binproto._header import Kind
 from binproto._http import HeaderFields, content_length_from, error_body
 from binproto._util import as_byte_view, whole_number
 
+from ._intake import header_rest, receive_target
+
 if TYPE_CHECKING:
     from binproto import EncodedBody
 
@@ -537,30 +539,6 @@ def error_message(status: int, body: bytes) -> HTTPError:
         if isinstance(obj, dict) and isinstance(obj.get("error"), str):
             message = obj["error"]
     return HTTPError(status, message)
-
-
-def header_rest(parser: Parser, fed: int) -> int:
-    """Bytes left of the JSON header after ``fed`` body bytes, or a large number
-    when that is not known (plain JSON, compressed body, header parsed)."""
-    hl = parser.header_length
-    if parser.header is not None or not hl or parser.content_encoding is not None or fed >= hl:
-        return 1 << 62
-    return hl - fed
-
-
-def receive_target(parser: Parser, assembler: binproto.TensorAssembler) -> memoryview | None:
-    """The tensor memory the next body bytes belong in, when they may be
-    received there directly (see :meth:`binproto.Parser.next_tensor_region`):
-    a view of the assembler's target for them, to ``recv_into`` and then
-    pass to ``parser.receive_data``. None when the next bytes are not tensor
-    bytes that can go in place: read them into any buffer, at most
-    :func:`header_rest` bytes. The one algorithm of every in-place reader
-    (this module's :func:`receive_body_into`, the servers' and clients')."""
-    region = parser.next_tensor_region()
-    if region is None:
-        return None
-    index, offset, count = region
-    return assembler.target(index)[offset : offset + count]
 
 
 def receive_body_into(

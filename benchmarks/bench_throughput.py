@@ -10,7 +10,8 @@ its median per-round ratio to the floor under it:
 
 - the h11 floor (``asyncio.Protocol`` + h11, fixed answer) for binproto's own
   servers, which parse HTTP with h11;
-- a trivial ASGI app under uvicorn for binproto's ASGI app under uvicorn;
+- a trivial ASGI app under uvicorn for binproto's ASGI apps under uvicorn
+  (the bare echo of the adapter's pieces, and ``V2App``);
 - and, as a server of its own, the h11 floor doing the echo with binproto's
   codec and nothing else (``h11-codec``), compared with the h11 floor: the
   most any h11 server doing this echo with this codec reaches, so the gap
@@ -63,6 +64,8 @@ FLOOR_OF = {
     "binproto-asyncio": "h11-floor",
     "binproto-trio": "h11-floor",
     "binproto-asgi": "asgi-floor",
+    "binproto-v2app": "asgi-floor",
+    "binproto-cpu2": "binproto-cpu1",
     "triton": "h11-floor",
     "kserve": "asgi-floor",
 }
@@ -89,6 +92,16 @@ COMMANDS: dict[str, list[str]] = {
         *"--backend trio --port {port}".split(),
     ],
     "binproto-asgi": _uvicorn("benchmarks.floor_servers:binproto_asgi_app"),
+    "binproto-v2app": _uvicorn("benchmarks.floor_servers:v2app"),
+    # A model of ~1 ms of CPU a request, on one process and on two.
+    "binproto-cpu1": [
+        *(sys.executable, "-m", "binproto", "serve", "benchmarks.floor_servers:cpu_models"),
+        *"--port {port}".split(),
+    ],
+    "binproto-cpu2": [
+        *(sys.executable, "-m", "binproto", "serve", "benchmarks.floor_servers:cpu_models"),
+        *"--workers 2 --port {port}".split(),
+    ],
     # KServe serves on a listening socket it inherits ({fd}).
     "kserve": [sys.executable, str(KSERVE_ECHO), "--fd", "{fd}", "--model", "echo"],
 }
@@ -209,7 +222,13 @@ def wrk(port: int, script: Path, connections: int, seconds: float, path: str = E
 
 
 #: The least ratio to the floor each of binproto's servers should reach.
-TARGETS = {"binproto-asyncio": 0.6, "binproto-trio": 0.5, "binproto-asgi": 0.35}
+TARGETS = {
+    "binproto-asyncio": 0.6,
+    "binproto-trio": 0.5,
+    "binproto-asgi": 0.35,
+    "binproto-v2app": 0.5,
+    "binproto-cpu2": 1.6,
+}
 
 
 def measure(

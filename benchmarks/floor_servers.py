@@ -21,20 +21,27 @@ server built on the same layer can reach:
 - ``asgi``: a trivial ASGI app (reads the body, fixed answer), served by
   ``python -m uvicorn benchmarks.floor_servers:asgi_app``; the floor of an ASGI
   app under uvicorn.
-- ``binproto-asgi``: binproto's bare ASGI echo app (the README's shape), served
-  by uvicorn as ``benchmarks.floor_servers:binproto_asgi_app``.
+- ``binproto-asgi``: binproto's bare ASGI echo app (read_request and
+  EncodedResponse), served by uvicorn as
+  ``benchmarks.floor_servers:binproto_asgi_app``.
+- ``binproto-v2app``: binproto's whole V2 server as an ASGI app (``V2App``,
+  the echo model), served by uvicorn as ``benchmarks.floor_servers:v2app``.
+- ``binproto-cpu1`` and ``binproto-cpu2``: ``binproto serve`` of an echo that
+  spends ~1 ms of CPU a request (``cpu_models``), on one worker and on two.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from typing import Any, cast
 
 import h11
 
 import binproto
-from binproto.adapters.asgi import EncodedResponse, error_response, read_request
+from binproto.adapters.asgi import EncodedResponse, V2App, error_response, read_request
+from binproto.adapters.server import InferRequest, Model
 
 ANSWER = b"x" * 4096
 _HEADERS = [("Content-Type", "application/octet-stream"), ("Content-Length", "4096")]
@@ -165,7 +172,7 @@ async def asgi_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 async def binproto_asgi_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """binproto's bare ASGI echo app, as the README shows it."""
+    """binproto's bare ASGI echo app, of the adapter's pieces."""
     if scope["type"] != "http":
         return
     try:
@@ -175,6 +182,28 @@ async def binproto_asgi_app(scope: dict[str, Any], receive: Any, send: Any) -> N
         return
     body = binproto.encode_response(request.tensors, model_name="echo", request=request.header)
     await EncodedResponse(body)(scope, receive, send)
+
+
+#: binproto's V2 server as an ASGI app, with the echo model.
+v2app = V2App()
+
+#: CPU time the ``cpu_models`` echo spends on each request, in seconds.
+CPU_SECONDS = 0.001
+
+
+async def _busy_echo(request: InferRequest) -> dict[str, Any]:
+    """The echo, after ~1 ms of CPU work: what more processes make faster."""
+    tensors = await request.tensors()
+    end = time.thread_time() + CPU_SECONDS
+    while time.thread_time() < end:
+        pass
+    return tensors
+
+
+def cpu_models() -> list[Model]:
+    """``echo`` spending ~1 ms of CPU a request (``binproto serve
+    benchmarks.floor_servers:cpu_models [--workers N]``)."""
+    return [Model("echo", _busy_echo)]
 
 
 async def _trio_connection(stream: Any) -> None:

@@ -1,5 +1,6 @@
 """binproto's own servers on each backend, for tests: a server in a thread
-with its own event loop, over loopback."""
+with its own event loop, over loopback. ``uvicorn`` serves the same models
+through :class:`~binproto.adapters.asgi.V2App` under a real uvicorn."""
 
 from __future__ import annotations
 
@@ -16,16 +17,39 @@ import binproto
 from binproto.adapters import asyncio as ba
 from binproto.adapters import trio as bt
 from binproto.adapters._server import V2Server
+from binproto.adapters.asgi import V2App
 
-__all__ = ["BACKENDS", "Running", "connect", "read_all", "request_bytes", "serving"]
+__all__ = [
+    "ALL_BACKENDS",
+    "BACKENDS",
+    "Running",
+    "as_v2app",
+    "connect",
+    "read_all",
+    "request_bytes",
+    "serving",
+]
+
+
+def as_v2app(server: V2Server) -> V2App:
+    """The ASGI app serving what ``server`` serves, with its options."""
+    return V2App(
+        list(server.app.models.values()),
+        limits=server.limits,
+        name=server.name,
+        compress_responses=server.compress_responses,
+        compression_level=server.compression_level,
+        max_body_bytes_in_flight=server.max_body_bytes_in_flight,
+    )
 
 
 #: asyncio receiving in place, asyncio through streams, trio.
 class Running:
     """A server on one backend, in a thread with its own event loop."""
 
-    def __init__(self, backend: str, app: V2Server) -> None:
+    def __init__(self, backend: str, app: V2Server, *, http: str = "auto") -> None:
         self.backend = backend
+        self.http = http  # uvicorn's HTTP implementation: "auto", "h11" or "httptools"
         self.port = 0
         self._ready = threading.Event()
         self._stop: Callable[[], object] | None = None
@@ -40,8 +64,31 @@ class Running:
     def _run(self, app: V2Server) -> None:
         if self.backend == "trio":
             trio.run(self._trio, app)
+        elif self.backend == "uvicorn":
+            asyncio.run(self._uvicorn(app))
         else:
             asyncio.run(self._asyncio(app))
+
+    async def _uvicorn(self, app: V2Server) -> None:
+        import uvicorn
+
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        config = uvicorn.Config(as_v2app(app), log_level="warning", lifespan="off", http=self.http)
+        server = uvicorn.Server(config)
+        loop = asyncio.get_running_loop()
+
+        def stop() -> None:
+            server.should_exit = True
+
+        self._stop = lambda: loop.call_soon_threadsafe(stop)
+        # (Off the main thread uvicorn installs no signal handlers.)
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.01)
+        self._started(sock.getsockname()[1])
+        await task
+        sock.close()
 
     async def _trio(self, app: V2Server) -> None:
         async with trio.open_nursery() as nursery:
@@ -67,6 +114,8 @@ class Running:
 
 
 BACKENDS = ["asyncio", "asyncio-streams", "trio"]
+#: With V2App under uvicorn: for what the V2 application answers (not the HTTP loop's own work).
+ALL_BACKENDS = [*BACKENDS, "uvicorn"]
 
 
 def serving(backend: str, app: V2Server) -> Iterator[Running]:

@@ -22,7 +22,7 @@ from binproto import (
     RemoteProtocolError,
     TensorAssembler,
 )
-from binproto.adapters._server import _remembered_route, _route_of, route
+from binproto.adapters._app import _remembered_route, _route_of, route
 from binproto.adapters.h11 import (
     PIECE,
     ResponseFramer,

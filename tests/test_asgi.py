@@ -28,7 +28,7 @@ from tritonclient.utils import InferenceServerException
 
 import binproto
 from binproto._http import SEEN_PER_KEPT, KeptOnSecondSight
-from binproto.adapters import asgi
+from binproto.adapters import _intake, asgi
 from tests.example_server import Server, run_example_server
 from tests.helpers import arrays_equal, make_body
 
@@ -178,8 +178,9 @@ def test_a_body_in_one_message_is_decoded_whole(monkeypatch: pytest.MonkeyPatch)
     def no_parser(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("a parser was built")
 
-    monkeypatch.setattr(asgi, "TensorAssembler", no_assembler)
-    monkeypatch.setattr(asgi, "Parser", no_parser)  # the head's claims need none either
+    # (The body intake binproto's servers and the ASGI readers share.)
+    monkeypatch.setattr(_intake, "TensorAssembler", no_assembler)
+    monkeypatch.setattr(_intake, "Parser", no_parser)  # the head's claims need none either
     msg = asyncio.run(asgi.read_request(scope_for(body.headers), receiver([data])))
     check_decoded(msg)
     assert msg.header == assembled.header

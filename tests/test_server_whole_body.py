@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import binproto
+from binproto.adapters._intake import WHOLE_BODY
 from binproto.adapters._server import (
-    WHOLE_BODY,
     BodyReader,
     MessageBody,
     Model,
@@ -99,7 +99,7 @@ def spy_parsers(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             built.append(args[0])
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr("binproto.adapters._server.Parser", Spy)
+    monkeypatch.setattr("binproto.adapters._intake.Parser", Spy)
     return built
 
 

@@ -133,10 +133,19 @@ def identity_app(model_names: Iterable[str]) -> V2Server:
 
 @contextlib.contextmanager
 def running_identity_server(model_names: Iterable[str], backend: str = "asyncio") -> Iterator[int]:
-    """Serve :func:`identity_app` with ``backend`` (one of :data:`BACKENDS`, or
-    ``trio-streams``: trio without in-place receive); yields the port on
-    127.0.0.1."""
+    """Serve :func:`identity_app` with ``backend`` (one of :data:`BACKENDS`,
+    ``trio-streams``: trio without in-place receive, or ``uvicorn``: the same
+    models through V2App under uvicorn); yields the port on 127.0.0.1."""
     app = identity_app(model_names)
+    if backend == "uvicorn":  # V2App under a real uvicorn, with the same models
+        from tests.servers import Running
+
+        running = Running("uvicorn", app)
+        try:
+            yield running.port
+        finally:
+            running.close()
+        return
     server = (
         _trio_server(zero_copy=backend == "trio", app=app)
         if backend.startswith("trio")

@@ -3,7 +3,7 @@
 Each case of ``differential_cases.CASES`` (malformed and edge-case requests,
 byte for byte) goes to the reference server with Triton's identity models on
 every backend: asyncio receiving in place and through streams, trio receiving
-in place and through streams, sent whole and in two writes with a pause
+in place and through streams, V2App under uvicorn, sent whole and in two writes with a pause
 between them. A body taken whole and decoded at once, and one parsed as it
 arrives, must meet the same checks: every backend and both ways give the same
 status and the same bytes back (the answer, or the error's message), and none
@@ -23,7 +23,7 @@ from .binproto_servers import running_identity_server
 from .differential_cases import CASES, Case
 from .triton_peer import DATATYPES, SINGLE_INPUT_MODEL, model_name
 
-BACKENDS = ("asyncio", "asyncio-streams", "trio", "trio-streams")
+BACKENDS = ("asyncio", "asyncio-streams", "trio", "trio-streams", "uvicorn")
 
 
 @pytest.fixture(scope="module")

@@ -189,3 +189,114 @@ def test_every_backend_answers_alike(ports: dict[str, int], data: bytes, statuse
     }
     assert set(found.values()) == {statuses}, found
     assert len(set(answers.values())) == 1, answers  # byte for byte
+
+
+# -- V2App under uvicorn ----------------------------------------------------------------
+#
+# uvicorn reads the HTTP itself (its h11 or httptools implementation), so
+# its heads and framing differ from binproto's servers (a Date and Server
+# header, its own chunk sizes): the answers are compared as statuses and
+# bodies, de-chunked and inflated. Where uvicorn's HTTP layer answers a case
+# itself, or not at all, the statuses it gives are listed here, with why;
+# every other case must give what binproto's servers give.
+
+#: The cases uvicorn answers otherwise: case id -> (statuses, why), per implementation.
+_BOTH: dict[str, tuple[str, str]] = {
+    # uvicorn refuses a malformed head itself, with a text/plain body.
+    "two-lengths-differ": ("400", "uvicorn's own 400 (text)"),
+    "space-before-colon": ("400", "uvicorn's own 400 (text)"),
+    "transfer-encoding-identity": ("400", "uvicorn's 400 (text), not a 501"),
+    "content-length-plus": ("400", "uvicorn's own 400 (text)"),
+    "tls-hello": ("400", "uvicorn's own 400 (text)"),
+    # uvicorn answers 100 Continue on the first receive, even with the body sent.
+    "expect-100-body-sent": ("100 200", "uvicorn sends 100 Continue first"),
+    # uvicorn sets no bound of its own on a head's size.
+    "head-over-64k": ("200", "no 64 KiB bound on heads"),
+    # The client left before the end of its body: the app gets http.disconnect
+    # and uvicorn sends nothing after it.
+    "body-cut-short": ("", "closed without an answer"),
+    # uvicorn answers a body-less POST, then closes on the bytes after it.
+    "post-without-length": ("400", "one 400, then the connection is closed"),
+}
+UVICORN_DIFFERS: dict[str, dict[str, tuple[str, str]]] = {
+    "h11": {**_BOTH, "no-host": ("400", "uvicorn's own 400 (text)")},
+    "httptools": {
+        **_BOTH,
+        "both-framings": ("400", "llhttp refuses both framings itself (text)"),
+        "two-lengths-same": ("400", "llhttp refuses a repeated Content-Length"),
+        "lower-case-method": ("400", "llhttp refuses a method not in capitals"),
+        "no-host": ("200", "llhttp does not require Host"),
+        "bare-lf": ("400", "llhttp refuses bare LF line ends"),
+        "post-without-length": ("400", "llhttp refuses the bytes after it (text)"),
+    },
+}
+
+
+def _responses(data: bytes) -> list[tuple[int, bytes]]:
+    """Each response in ``data``: its status and its body, de-chunked and
+    inflated (1xx responses have no body)."""
+    out = []
+    while data:
+        head, _, data = data.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        status = int(lines[0].split()[1])
+        fields = dict(
+            (k.strip().lower(), v.strip()) for k, _, v in (x.partition(b":") for x in lines[1:])
+        )
+        body = b""
+        if 200 <= status and b"content-length" in fields:
+            n = int(fields[b"content-length"])
+            body, data = data[:n], data[n:]
+        elif fields.get(b"transfer-encoding") == b"chunked":
+            while True:
+                size, _, data = data.partition(b"\r\n")
+                n = int(size.split(b";")[0], 16)
+                body, data = body + data[:n], data[n + 2 :]
+                if not n:
+                    break
+        elif status >= 200:
+            body, data = data, b""
+        if fields.get(b"content-encoding") == b"gzip":
+            body = gzip.decompress(body)
+        out.append((status, body))
+    return out
+
+
+def _implementations() -> list[str]:
+    found = ["h11"]
+    try:
+        import httptools  # noqa: F401
+    except ImportError:  # (uvicorn without its "standard" extra)
+        pass
+    else:
+        found.append("httptools")
+    return found
+
+
+@pytest.fixture(scope="module", params=_implementations())
+def uvicorn_port(request: pytest.FixtureRequest) -> Iterator[tuple[str, int]]:
+    pytest.importorskip("uvicorn")
+    from tests.servers import Running
+
+    from .binproto_servers import identity_app
+
+    running = Running("uvicorn", identity_app([MODEL]), http=str(request.param))
+    try:
+        yield str(request.param), running.port
+    finally:
+        running.close()
+
+
+@pytest.mark.parametrize(("case", "data"), [c[:2] for c in CASES], ids=[c[0] for c in CASES])
+def test_v2app_under_uvicorn_answers_as_binproto_does(
+    ports: dict[str, int], uvicorn_port: tuple[str, int], case: str, data: bytes
+) -> None:
+    implementation, port = uvicorn_port
+    ours = _responses(exchange(ports["asyncio"], data))
+    theirs = _responses(exchange(port, data))
+    statuses = " ".join(str(s) for s, _ in theirs)
+    differs = UVICORN_DIFFERS[implementation].get(case)
+    if differs is not None:
+        assert statuses == differs[0], (differs[1], theirs)
+        return
+    assert theirs == ours

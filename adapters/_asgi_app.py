@@ -1,0 +1,444 @@
+"""V2App: the V2 application as a complete ASGI app.
+
+The same :class:`~binproto.adapters.server.Model` objects that
+:class:`~binproto.adapters._server.V2Server` serves, served by any ASGI
+server (uvicorn, hypercorn, gunicorn with uvicorn workers) or mounted in
+Starlette or FastAPI. Answers come from
+:class:`~binproto.adapters._app.V2Application`: the statuses and bodies are
+those of binproto's own servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import urllib.parse
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import binproto
+from binproto import (
+    EncodedBody,
+    Limits,
+    LocalProtocolError,
+    ProtocolError,
+    RemoteProtocolError,
+    body_claims,
+)
+from binproto._http import HeaderFields
+from binproto._util import aligned_copy
+
+from ._app import (
+    _ALLOWED,
+    DISCARD_LIMIT,
+    AsgiHead,
+    Model,
+    StreamingResponse,
+    V2Application,
+    _route_of,
+    echo_model,
+)
+from ._intake import WHOLE_BODY, BodyBudget, InferenceError
+from .asgi import (
+    BodySource,
+    ClientDisconnected,
+    EncodedResponse,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    WriterResponse,
+    _Chunks,
+    _scope_fields,
+    _thread_runner,
+    error_response,
+)
+
+__all__ = ["V2App"]
+
+log = logging.getLogger("binproto.asgi")
+
+
+async def _sleep0() -> None:
+    await asyncio.sleep(0)
+
+
+class AsgiBodyReader:
+    """A request body read from an ASGI ``receive`` callable, as
+    :class:`~binproto.adapters._intake.MessageBody` reads it (a
+    :class:`~binproto.adapters._intake.BodySource`). Nothing is received
+    until a read asks for it (a client waiting on ``Expect: 100-continue``
+    is invited then, by the server)."""
+
+    budget: BodyBudget | None = None
+    claimed = 0
+
+    def __init__(self, receive: BodySource, content_length: int | None) -> None:
+        self._chunks = _Chunks(receive)
+        self._remaining = content_length
+        self._pending: Any = b""  # received, not handed out yet
+        self._received = 0  # bytes of the body received
+        self.done = content_length == 0
+        self.failed: RemoteProtocolError | None = None
+        self.to_thread: Callable[..., Awaitable[Any]] | None = _thread_runner()
+        # Under asyncio a compressed body lets other tasks run as it inflates.
+        self.checkpoint: Callable[[], Awaitable[None]] | None = (
+            _sleep0 if self.to_thread is not None else None
+        )
+
+    @property
+    def remaining(self) -> int | None:
+        """Body bytes still to come (received or not), when the length is known."""
+        return self._remaining
+
+    @property
+    def in_place(self) -> bool:
+        """Never: ASGI hands the body over in messages of its own."""
+        return False
+
+    async def prime(self) -> None:
+        """Receive the first message now: a small body all in it is then
+        decoded whole (:meth:`take_whole`)."""
+        if not self.done and not len(self._pending):
+            self._pending = await self._receive()
+
+    async def _receive(self) -> Any:
+        if self.failed is not None:
+            raise self.failed
+        try:
+            chunk = await anext(self._chunks, None)
+        except RemoteProtocolError as exc:
+            self.failed = exc
+            raise
+        if chunk is None:
+            self.done = True
+            if self._remaining:  # (the server frames bodies: only a disconnect ends one early)
+                self.failed = ClientDisconnected(
+                    f"the body ended with {self._remaining} bytes missing", offset=self._received
+                )
+                raise self.failed
+            return b""
+        self._received += len(chunk)
+        if self.budget is not None and self._remaining is None:
+            self.budget.claim(self, self._received)  # a chunked body claims bytes as they come
+        return chunk
+
+    async def read(self, max_bytes: int = 1 << 62) -> Any:
+        """The next piece of the body (at most ``max_bytes``); empty at its end."""
+        data = self._pending
+        if not len(data):
+            if self.done:
+                return b""
+            data = await self._receive()
+        if len(data) > max_bytes:
+            view = memoryview(data)
+            data, self._pending = view[:max_bytes], view[max_bytes:]
+        else:
+            self._pending = b""
+        if self._remaining is not None:
+            self._remaining -= len(data)
+        return data
+
+    async def finish(self) -> None:
+        """Read the end of the body (the parser found it complete)."""
+        if len(await self.read()):
+            raise RemoteProtocolError("unexpected additional data after the end of the message")
+
+    def take_whole(self, most: int, align_at: int) -> memoryview | None:
+        """The whole body, copied aligned, when the first message (see
+        :meth:`prime`) held all of it and it is at most ``most`` bytes."""
+        pending = self._pending
+        if self._remaining is None or self._remaining > most or len(pending) != self._remaining:
+            return None
+        self._pending = b""
+        self._remaining = 0
+        return aligned_copy(memoryview(pending), align_at)
+
+    async def read_into(self, view: memoryview) -> int:  # pragma: no cover - never in_place
+        """Not offered (see :attr:`in_place`)."""
+        raise LocalProtocolError("an ASGI body is not received in place")
+
+    async def discard(self) -> bool:
+        """Read and drop the rest of the body, up to ``DISCARD_LIMIT``
+        bytes; True when all of it was read."""
+        total = 0
+        try:
+            while len(data := await self.read()):
+                total += len(data)
+                if total > DISCARD_LIMIT:
+                    return False
+        except RemoteProtocolError:
+            return False
+        return True
+
+
+def _target(scope: Scope) -> str:
+    """The request target below where the app is mounted: a path that
+    :func:`~binproto.adapters._app.route` reads as binproto's servers do."""
+    root = scope.get("root_path", "") or ""
+    raw = scope.get("raw_path")
+    if not root and isinstance(raw, bytes):
+        return raw.decode("latin-1")
+    path: str = scope.get("path", "")
+    if root and path.startswith(root):  # (Starlette >= 0.33 keeps the prefix in path)
+        path = path[len(root) :]
+    return urllib.parse.quote(path)
+
+
+class V2App:
+    """binproto's V2 server as an ASGI application.
+
+    Serves ``GET /v2``, ``/v2/health/live`` and ``/ready``, model metadata
+    and readiness, and ``POST /v2/models/{name}[/versions/{v}]/infer`` for
+    the same :class:`~binproto.adapters.server.Model` objects as
+    :class:`~binproto.adapters._server.V2Server`, with the same statuses and
+    error bodies. Run it under uvicorn (``uvicorn module:app``), under
+    gunicorn with uvicorn workers, or mount it in Starlette or FastAPI
+    (``app.mount("/", V2App(models))``).
+
+    Handlers get an :class:`~binproto.adapters.server.InferRequest`:
+    ``await request.tensors()`` or ``async for event in request.body``, read
+    as the body arrives. Responses are sent as views of the outputs' memory
+    (see :class:`~binproto.adapters.asgi.EncodedResponse`), compressed when
+    the client accepts it, as ``V2Server`` does.
+
+    Timeouts are the ASGI server's (uvicorn: keep-alive; it has no body
+    timeout). A body that ends early, or a client that leaves, ends the
+    request without an answer.
+
+    Args:
+        models: the models to serve (default: the built-in ``echo`` model).
+        limits: limits for request bodies.
+        name: the server's name in ``GET /v2``.
+        compress_responses: compress inference responses when the client
+            accepts it; False never compresses.
+        compression_level: zlib's level for them (0 to 9).
+        max_body_bytes_in_flight: the request body bytes this app's requests
+            may hold at once (a :class:`~binproto.adapters.server.BodyBudget`),
+            or None for no bound. Each process has its own app, so each
+            worker of a multi-process server its own budget.
+        views: send response bodies as views of the outputs' memory (no
+            copy; uvicorn and hypercorn take them). False sends ``bytes``,
+            as the ASGI spec says, for servers that pass messages between
+            processes (Ray Serve pickles them): each body is then copied.
+    """
+
+    def __init__(
+        self,
+        models: Sequence[Model] | None = None,
+        *,
+        limits: Limits | None = None,
+        name: str = "binproto",
+        compress_responses: bool = True,
+        compression_level: int = 1,
+        max_body_bytes_in_flight: int | None = None,
+        views: bool = True,
+    ) -> None:
+        if models is None:
+            models = [echo_model()]
+        level = compression_level
+        if type(level) is not int or not 0 <= level <= 9:
+            raise LocalProtocolError(f"compression_level must be 0..9, got {level!r}")
+        #: The V2 application answering (models, routes, statuses).
+        self.app = V2Application(models, name=name, limits=limits)
+        self.compress_responses = compress_responses
+        self.compression_level = level
+        most = max_body_bytes_in_flight
+        self._budget = BodyBudget(most) if most is not None else None
+        self.views = views
+
+    @property
+    def body_bytes_in_flight(self) -> int:
+        """The body bytes the requests in flight hold of the budget (0 without one)."""
+        return self._budget.held if self._budget is not None else 0
+
+    def add_model(self, model: Model) -> None:
+        """Serve one more model."""
+        self.app.add_model(model)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Answer one ASGI connection scope (``http``; ``lifespan`` is acknowledged)."""
+        kind = scope["type"]
+        if kind == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if kind != "http":
+            raise LocalProtocolError(f"V2App serves HTTP, not {kind!r}")
+        if not self.views:
+            send = _bytes_bodies(send)
+        target = _target(scope)
+        r = _route_of(target)
+        method: str = scope["method"]
+        try:
+            fields = _scope_fields(scope)
+            if (
+                fields.get("content-length") is not None
+                and fields.get("transfer-encoding") is not None
+            ):
+                # Two framings (uvicorn's h11 server takes the chunks): a proxy in
+                # front may have meant the other and smuggled a request into the body.
+                await _error(scope, receive, send, _BOTH_LENGTHS, close=True)
+                return
+            if (
+                r.kind != "not_found"
+                and method != r.method
+                and (method, r.method) != ("HEAD", "GET")
+            ):
+                raise InferenceError(f"method {method} not allowed", 405, allow=_ALLOWED[r.method])
+            if r.kind == "not_found":
+                await error_response("Not Found", 404)(scope, receive, send)
+            elif r.kind == "infer":
+                await self._infer(scope, receive, send, r, target, fields)
+            else:
+                await _json(send, self.app.get(r))
+        except (ProtocolError, InferenceError) as exc:  # (a header repeated unlike itself, say)
+            await _error(scope, receive, send, exc)
+
+    async def _infer(
+        self, scope: Scope, receive: Receive, send: Send, r: Any, target: str, fields: HeaderFields
+    ) -> None:
+        headers = scope.get("headers", ())
+        head = AsgiHead(scope["method"].encode(), target.encode("latin-1"), headers, scope)
+        reader: AsgiBodyReader | None = None
+        try:
+            claims = body_claims(fields)
+            reader = AsgiBodyReader(receive, claims.content_length)
+            length = claims.content_length
+            if (
+                length is not None
+                and length <= WHOLE_BODY
+                and claims.content_encoding is None
+                and "expect" not in fields  # (a receive would invite the body)
+            ):
+                await reader.prime()
+            _, result = await self.app.infer(head, claims, r, reader, self._budget)
+            if isinstance(result, StreamingResponse):
+                await _stream(scope, receive, send, result, target)
+                return
+            assert isinstance(result, EncodedBody)
+            encoding = self._encoding(headers) if "accept-encoding" in fields else None
+            response = EncodedResponse(
+                result,
+                encoding=encoding,
+                compression_level=self.compression_level,
+            )
+            await response(scope, receive, send)
+        except ClientDisconnected:
+            return  # nobody to answer (logged by the reader)
+        except (ProtocolError, InferenceError) as exc:
+            if isinstance(exc, LocalProtocolError):  # a handler's misuse: the server's fault
+                log.error("error while serving %s", target, exc_info=exc)
+            await _error(scope, receive, send, exc, reader)
+        except Exception as exc:  # a handler failed: the server's fault
+            log.error("error while serving %s", target, exc_info=exc)
+            await _error(
+                scope, receive, send, InferenceError(f"internal error: {exc}", 500), reader
+            )
+        finally:
+            if reader is not None and reader.budget is not None:
+                reader.budget.release(reader)
+
+    def _encoding(self, headers: Any) -> str | None:
+        if not self.compress_responses:
+            return None
+        values = [v.decode("latin-1") for k, v in headers if k.lower() == b"accept-encoding"]
+        return binproto.preferred_encoding(", ".join(values)) if values else None
+
+
+async def _stream(
+    scope: Scope, receive: Receive, send: Send, response: StreamingResponse, target: str
+) -> None:
+    """Send a handler's streamed answer. A fault before it starts (a writer
+    that cannot start) is answered 500; one after it has begun ends it short
+    (the server closes the connection): the client sees an incomplete body,
+    never a wrong one."""
+    started = False
+
+    async def tracking(message: Message) -> None:
+        nonlocal started
+        started = True
+        await send(message)
+
+    try:
+        await WriterResponse(response.writer, response.chunks)(scope, receive, tracking)
+    except Exception as exc:
+        if not started:
+            raise
+        log.error("error while streaming the answer to %s", target, exc_info=exc)
+
+
+def _bytes_bodies(send: Send) -> Send:
+    """``send`` with each body message's body as ``bytes`` (a copy of a view)."""
+
+    async def send_bytes(message: Message) -> None:
+        body = message.get("body")
+        if body is not None and type(body) is not bytes:
+            message = {**message, "body": bytes(body)}
+        await send(message)
+
+    return send_bytes
+
+
+async def _json(send: Send, obj: Any) -> None:
+    payload = json.dumps(obj).encode()  # (as binproto's servers write it)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+#: The refusal of a request with both Content-Length and Transfer-Encoding (as V2Server's).
+_BOTH_LENGTHS = RemoteProtocolError(
+    "a request may not carry both Content-Length and Transfer-Encoding"
+)
+
+
+async def _error(
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    exc: ProtocolError | InferenceError,
+    reader: AsgiBodyReader | None = None,
+    *,
+    close: bool = False,
+) -> None:
+    """Send a V2 error response; first read what the client still sends of
+    its body (within bounds), so that it sees the answer. ``close`` asks the
+    server to close the connection after it."""
+    if reader is not None:
+        if reader.budget is not None:  # a failed request holds no body
+            reader.budget.release(reader)
+            reader.budget = None
+        expects = "expect" in _scope_fields(scope)
+        if reader.failed is None and not (expects and not reader._received):
+            remaining = reader.remaining
+            if remaining is None or remaining <= DISCARD_LIMIT:
+                await reader.discard()
+    if isinstance(exc, InferenceError):
+        response = error_response(exc.message, exc.status)
+        if exc.allow is not None:
+            response.raw_headers.append((b"allow", exc.allow.encode()))
+    else:
+        response = error_response(exc)
+    if close:
+        response.raw_headers.append((b"connection", b"close"))
+    await response(scope, receive, send)
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    """Acknowledge the ASGI lifespan protocol's startup and shutdown."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
