@@ -17,6 +17,7 @@ import pytest
 
 import binproto
 from binproto.adapters import _server
+from binproto.adapters._reader import ChunkLines
 from binproto.adapters._server import Timeouts, V2Server
 
 trio = pytest.importorskip("trio")
@@ -488,7 +489,7 @@ def test_chunk_lines_are_measured_the_same_in_every_chunking() -> None:
     past = b"5;" + b"e" * (_server.MAX_CHUNK_LINE - 3) + b"\r\n"
     for body, refused in ((ok, False), (at_bound + ok, False), (ok[:-5] + past, True)):
         for step in (1, 7, 4096, len(body)):
-            lines = _server.ChunkLines()
+            lines = ChunkLines()
             try:
                 for i in range(0, len(body), step):
                     lines.feed(memoryview(body)[i : i + step])
