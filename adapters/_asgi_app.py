@@ -50,6 +50,7 @@ from .asgi import (
     Send,
     WriterResponse,
     _Chunks,
+    _request_fields,
     _scope_fields,
     _thread_runner,
     error_response,
@@ -271,7 +272,7 @@ class V2App:
         r = _route_of(target)
         method: str = scope["method"]
         try:
-            fields = _scope_fields(scope)
+            fields = _request_fields(scope)  # (HTTP/1.0 with Transfer-Encoding: 400)
             if (
                 fields.get("content-length") is not None
                 and fields.get("transfer-encoding") is not None
@@ -418,8 +419,14 @@ async def _error(
             reader.budget.release(reader)
             reader.budget = None
         expects = "expect" in _scope_fields(scope)
-        if reader.failed is None and not (expects and not reader._received):
-            remaining = reader.remaining
+        status = exc.status if isinstance(exc, InferenceError) else exc.status_hint
+        remaining = reader.remaining
+        if status == 413 and remaining is None:
+            # A chunked body refused for what its header claims is not read
+            # for the answer, as binproto's servers do: no length says how
+            # much is to come, and a client that waits would never get it.
+            close = True
+        elif reader.failed is None and not (expects and not reader._received):
             if remaining is None or remaining <= DISCARD_LIMIT:
                 await reader.discard()
     if isinstance(exc, InferenceError):

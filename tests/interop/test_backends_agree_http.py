@@ -215,6 +215,10 @@ _BOTH: dict[str, tuple[str, str]] = {
     # The client left before the end of its body: the app gets http.disconnect
     # and uvicorn sends nothing after it.
     "body-cut-short": ("", "closed without an answer"),
+    # uvicorn refuses a malformed chunk line itself; it bounds no chunk line
+    # (the app never sees them).
+    "chunk-size-malformed": ("400", "uvicorn's own 400 (text)"),
+    "chunk-extension-over-16k": ("200", "no bound on chunk lines"),
     # uvicorn answers a body-less POST, then closes on the bytes after it.
     "post-without-length": ("400", "one 400, then the connection is closed"),
 }
