@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import itertools
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -137,25 +135,6 @@ def check_values(raw: bytes, limit: int) -> None:
             status_hint=413,
             offset=0,
         )
-
-
-@contextlib.contextmanager
-def _collector_paused(pause: bool) -> Iterator[None]:
-    """Pause the cyclic garbage collector while a big header is decoded.
-
-    A decoded header is a tree: it holds no cycle for the collector to find.
-    Yet its many new containers trigger full collections, each a walk over
-    everything alive, which made up half the decoding time of headers of
-    many small objects. The collector is resumed only if it was running.
-    """
-    if not pause or not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 class _DuplicateKey(Exception):
@@ -357,8 +336,7 @@ def loads_header(
     try:
         if text.startswith("\ufeff"):  # as json.loads says it; JSONDecoder does not check
             raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
-        with _collector_paused(len(raw) > FAST_MAX):
-            obj = _DECODER.decode(text)
+        obj = _DECODER.decode(text)
     except RecursionError:  # under a limit deeper than the Python stack goes
         raise RemoteProtocolError(
             "JSON nesting is too deep to decode (past Python's recursion limit)", offset=0
@@ -397,8 +375,7 @@ def refuse_repeated_keys(raw: bytes, keys: int, kind: str = "request") -> None:
         return  # the other colons were inside strings
     # Keys not counted, or a repeat: decode again, refusing a repeated key.
     try:
-        with _collector_paused(len(raw) > FAST_MAX):
-            _UNIQUE_DECODER.decode(raw.decode("utf-8"))
+        _UNIQUE_DECODER.decode(raw.decode("utf-8"))
     except RecursionError:  # (a header the first decoding took, nested ~1000 deep)
         raise RemoteProtocolError(
             "JSON nesting is too deep to check for repeated keys", offset=0

@@ -63,7 +63,7 @@ class Limits:
     max_tensor_bytes: int = 32 * GiB
     max_body_bytes: int = 64 * GiB
     max_json_depth: int = 100
-    max_json_values: int = 1024 * 1024
+    max_json_values: int = 512 * 1024
     max_bytes_elements: int = 2 * 1024 * 1024
     max_json_output_elements: int = 2 * 1024 * 1024
     max_decompressed_bytes: int = 512 * MiB

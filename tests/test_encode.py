@@ -756,7 +756,7 @@ def test_json_data_of_an_array_is_written_a_slice_at_a_time() -> None:
     # The same text as json writes for the whole list, NaN and Infinity included.
     want = json.dumps(values.tolist(), separators=(",", ":")).encode()
     assert body.json.count(want) == 1
-    # (A header of over a million values: past the default max_json_values.)
+    # (A header of a million values: past the default max_json_values.)
     many = binproto.Limits(max_json_values=2 << 20)
     decoded = binproto.decode_response(body.json, header_length=None, limits=many)
     np.testing.assert_array_equal(decoded.tensors["y"], values)

@@ -21,7 +21,7 @@ def test_defaults() -> None:
     assert limits.max_tensor_bytes == 32 << 30
     assert limits.max_body_bytes == 64 << 30
     assert limits.max_json_depth == 100
-    assert limits.max_json_values == 1 << 20
+    assert limits.max_json_values == 1 << 19
     assert limits.max_bytes_elements == 2 << 20
     assert limits.max_json_output_elements == 2 << 20
     # Under 4 GiB: a gzip trailer that matches the claim is the true size.

@@ -369,8 +369,8 @@ def test_a_big_json_echo_peaks_under_12x_its_request() -> None:
     import subprocess
     import sys
 
-    # ~5 MB of JSON: a million values, the default max_json_values.
-    values = np.round(np.random.default_rng(0).random(1_000_000), 2)
+    # ~2.5 MB of JSON: 500,000 values, within the default max_json_values.
+    values = np.round(np.random.default_rng(0).random(500_000), 2)
     x = {"name": "x", "datatype": "FP32", "shape": [values.size], "data": values.tolist()}
     wire = json.dumps({"inputs": [x]}).encode()
     del values, x
@@ -410,7 +410,9 @@ def test_a_big_json_echo_peaks_under_12x_its_request() -> None:
         proc.terminate()
         proc.wait(10)
     assert json.loads(got)["outputs"][0]["data"][:3] == json.loads(wire)["inputs"][0]["data"][:3]
-    assert peak <= 12 * len(wire), peak / len(wire)
+    # 12 bytes a request byte, beside a fixed 8 MiB (the worker thread that
+    # parses it, buffers), which a smaller request makes count for more.
+    assert peak <= 12 * len(wire) + (8 << 20), peak / len(wire)
 
 
 def test_a_chunked_claim_past_the_limits_is_answered_at_once(backend: str) -> None:
