@@ -143,6 +143,9 @@ class Inflater:
         self._pending: RemoteProtocolError | None = None
         #: True once the stream and the body ended cleanly.
         self.finished = False
+        #: True when bytes past ``content_length`` were fed: they are dropped
+        #: here, and the parser refuses them once the body's events are out.
+        self.past_end = False
 
     @property
     def produced(self) -> int:
@@ -151,7 +154,13 @@ class Inflater:
 
     def feed(self, data: memoryview) -> None:
         """Queue compressed bytes (not copied, unless smaller than ``_GATHER``)."""
+        cl = self._content_length
+        if cl is not None and self._received + len(data) > cl:
+            self.past_end = True
+            data = data[: cl - self._received]
         n = len(data)
+        if not n:
+            return
         if n < _GATHER:
             gather = self._gather
             if gather is None or len(gather) >= _GATHER:

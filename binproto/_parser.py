@@ -407,6 +407,10 @@ class Parser:
             self._state, self._reader = _DONE, None
             return MESSAGE_COMPLETE
         event = read_end(self._queue, position, self._body_length)
+        source = self._queue.source
+        if event is MESSAGE_COMPLETE and source is not None and source.past_end:
+            # The same for a compressed body, once its stream has ended well.
+            self._past_end = self._additional_data(position)
         if event is NEED_DATA:
             self._state, self._reader = _END, Parser._read_end
         else:

@@ -78,7 +78,9 @@ def run(make_parser: Callable[[], Parser], chunks: Sequence[bytes], *, end: bool
         for chunk in chunks:
             parser.receive_data(chunk)
             events.extend(parser.events())
-        if end and parser.state is not binproto.ParserState.DONE:
+        if end:
+            # (after MessageComplete too: bytes past content_length that came
+            # with the body's last ones are refused by the call after it)
             parser.receive_data(b"")
             events.extend(parser.events())
     except ProtocolError as exc:

@@ -694,9 +694,10 @@ def test_bytes_after_the_end_say_the_same_whenever_they_arrive() -> None:
     assert messages == {"unexpected additional input data after the end of the message"}
 
 
+@pytest.mark.parametrize("coding", [None, "gzip", "deflate"])
 @pytest.mark.parametrize("extra", [b"!", b"!" * 40], ids=["one", "forty"])
 def test_bytes_past_content_length_give_the_same_events_first_in_every_chunking(
-    extra: bytes,
+    extra: bytes, coding: str | None
 ) -> None:
     # The body's events come out whole, its end included, then the fault:
     # as when the extra bytes arrive in a later receive_data, whatever the
@@ -706,9 +707,14 @@ def test_bytes_past_content_length_give_the_same_events_first_in_every_chunking(
         {"name": "y", "shape": [2], "datatype": "INT8", "parameters": {"binary_data_size": 2}},
     ]}  # fmt: skip
     body, hl = make_body(header, b"\x01\x02\x03", b"\x04\x05")
+    decoded = len(body)
+    if coding is not None:  # (content_length is the compressed body's)
+        body = b"".join(binproto.compress_buffers([body], coding))
     outcomes = set()
     for chunks in chunkings(body + extra):
-        parser = Parser("request", header_length=hl, content_length=len(body))
+        parser = Parser(
+            "request", header_length=hl, content_length=len(body), content_encoding=coding
+        )
         events: list[binproto.Event] = []
         with pytest.raises(RemoteProtocolError) as info:
             for chunk in chunks:
@@ -721,7 +727,7 @@ def test_bytes_past_content_length_give_the_same_events_first_in_every_chunking(
     ((events_seen, msg, offset),) = outcomes
     assert events_seen[-1] == ("end",) and len(events_seen) == 4
     assert msg == "unexpected additional input data after the end of the message"
-    assert offset == len(body)
+    assert offset == decoded
 
 
 def test_bytes_past_content_length_are_raised_by_the_next_call_after_the_end() -> None:
