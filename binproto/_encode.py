@@ -842,7 +842,7 @@ def encode_response(
         prepared, choice = _policy(request, prepared)
         if id is None:
             id = request.id
-        if max_json_elements is not None:
+        if max_json_elements is not None and not all(choice):
             _check_json_elements(prepared, choice, max_json_elements)
     else:
         choice = _binary_choice(binary, prepared, "output")

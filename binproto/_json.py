@@ -290,7 +290,7 @@ def loads_header(
     :data:`FAST_MAX_DEPTH`, whose result is the standard parser's
     (:data:`FAST_LOADS`); the result, and every error, are the same either way.
     """
-    if max_values is not None:
+    if max_values is not None and len(raw) >= max_values:  # (shorter: within it)
         check_values(raw, max_values)
     # Each level of nesting takes two bytes (an opener and its closer), so a
     # header of at most twice the limit cannot pass it. Else count openers
