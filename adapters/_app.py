@@ -424,8 +424,23 @@ class V2Application:
         if version is None and model.versions:
             version = model.versions[0]
         limits = self.limits if self.limits is not None else DEFAULT_LIMITS
-        encode = functools.partial(
-            binproto.encode_response,
+        if to_thread is not None and (
+            request.body.header_in_thread or json_output_elements(header, result) >= THREAD_JSON
+        ):
+            # JSON text is written a slice at a time, each slice a pass in C:
+            # in a thread, the event loop runs between slices.
+            encode = functools.partial(
+                binproto.encode_response,
+                result,
+                model_name=model.name,
+                model_version=version,
+                id=header.id,
+                request=header,
+                max_json_elements=limits.max_json_output_elements,
+            )
+            body: EncodedBody = await to_thread(encode)
+            return body
+        return binproto.encode_response(
             result,
             model_name=model.name,
             model_version=version,
@@ -433,11 +448,3 @@ class V2Application:
             request=header,
             max_json_elements=limits.max_json_output_elements,
         )
-        if to_thread is not None and (
-            request.body.header_in_thread or json_output_elements(header, result) >= THREAD_JSON
-        ):
-            # JSON text is written a slice at a time, each slice a pass in C:
-            # in a thread, the event loop runs between slices.
-            body: EncodedBody = await to_thread(encode)
-            return body
-        return encode()

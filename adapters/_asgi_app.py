@@ -41,17 +41,20 @@ from ._app import (
 )
 from ._intake import WHOLE_BODY, BodyBudget, InferenceError
 from .asgi import (
+    CHUNK_SIZE,
     BodySource,
     ClientDisconnected,
-    EncodedResponse,
     Message,
     Receive,
     Scope,
     Send,
     WriterResponse,
     _Chunks,
+    _encoded_headers,
+    _encoded_pieces,
     _request_fields,
     _scope_fields,
+    _send_pieces,
     _thread_runner,
     error_response,
 )
@@ -273,10 +276,7 @@ class V2App:
         method: str = scope["method"]
         try:
             fields = _request_fields(scope)  # (HTTP/1.0 with Transfer-Encoding: 400)
-            if (
-                fields.get("content-length") is not None
-                and fields.get("transfer-encoding") is not None
-            ):
+            if "transfer-encoding" in fields and fields.get("content-length") is not None:
                 # Two framings (uvicorn's h11 server takes the chunks): a proxy in
                 # front may have meant the other and smuggled a request into the body.
                 await _error(scope, receive, send, _BOTH_LENGTHS, close=True)
@@ -318,13 +318,12 @@ class V2App:
                 await _stream(scope, receive, send, result, target)
                 return
             assert isinstance(result, EncodedBody)
-            encoding = self._encoding(headers) if "accept-encoding" in fields else None
-            response = EncodedResponse(
-                result,
-                encoding=encoding,
-                compression_level=self.compression_level,
+            coding = self._encoding(headers) if "accept-encoding" in fields else None
+            # What EncodedResponse sends, without making one for each request.
+            pieces = _encoded_pieces(
+                result.buffers, result.content_length, coding, self.compression_level, CHUNK_SIZE
             )
-            await response(scope, receive, send)
+            await _send_pieces(send, pieces, 200, _encoded_headers(result, coding))
         except ClientDisconnected:
             return  # nobody to answer (logged by the reader)
         except (ProtocolError, InferenceError) as exc:

@@ -44,6 +44,7 @@ from collections.abc import (
     Iterator,
     Mapping,
     MutableMapping,
+    Sequence,
 )
 from typing import TYPE_CHECKING, Any
 
@@ -634,11 +635,9 @@ class EncodedResponse(BufferResponse):
                 raise LocalProtocolError(
                     f"encoding must be 'gzip', 'deflate' or None, got {encoding!r}"
                 ) from None
-        framing = body.raw_headers
         if coding is not None:
             check_level(compression_level)  # (now, not when the body is sent)
-            framing = [(k, v) for k, v in framing if k != b"content-length"]
-            framing += [(b"content-encoding", coding.encode()), (b"vary", b"Accept-Encoding")]
+        framing = _encoded_headers(body, coding)
         super().__init__(
             body.buffers,
             status_code,
@@ -655,25 +654,44 @@ class EncodedResponse(BufferResponse):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Send the response (an ASGI application)."""
-        length = self.encoded.content_length
-        whole = None
-        if self.encoding is None and length < GATHER_BELOW and length <= self.chunk_size:
-            # A small body is one message, as _pieces would join it: joined
-            # here without weighing each buffer first, as its length says how
-            # big it is (a hand-made body whose buffers say otherwise is sent
-            # as any other).
-            whole = b"".join([b if type(b) is bytes else as_byte_view(b) for b in self.buffers])
-        pieces: Iterable[Any]
-        if whole is not None and len(whole) == length:
-            pieces = (whole,)
-        elif self.encoding is not None:
-            compressed = compress_buffers(self.buffers, self.encoding, level=self.compression_level)
-            pieces = _pieces(compressed, self.chunk_size)
-        else:
-            pieces = _pieces(self.buffers, self.chunk_size)
+        pieces = _encoded_pieces(
+            self.buffers,
+            self.encoded.content_length,
+            self.encoding,
+            self.compression_level,
+            self.chunk_size,
+        )
         await _send_pieces(send, pieces, self.status_code, self.raw_headers)
         if self.background is not None:
             await self.background()
+
+
+def _encoded_headers(body: EncodedBody, coding: str | None) -> list[tuple[bytes, bytes]]:
+    """An encoded body's own headers, sent with ``coding`` (a normalized
+    content coding, or None): compressed, it has no ``Content-Length``."""
+    framing = body.raw_headers
+    if coding is not None:
+        framing = [(k, v) for k, v in framing if k != b"content-length"]
+        framing += [(b"content-encoding", coding.encode()), (b"vary", b"Accept-Encoding")]
+    return framing
+
+
+def _encoded_pieces(
+    buffers: Sequence[Any], length: int, coding: str | None, level: int, chunk_size: int
+) -> Iterable[Any]:
+    """The body messages of an encoded body of ``length`` bytes, sent with
+    ``coding`` (see :class:`EncodedResponse`)."""
+    if coding is not None:
+        return _pieces(compress_buffers(buffers, coding, level=level), chunk_size)
+    if length < GATHER_BELOW and length <= chunk_size:
+        # A small body is one message, as _pieces would join it: joined
+        # here without weighing each buffer first, as its length says how
+        # big it is (a hand-made body whose buffers say otherwise is sent
+        # as any other).
+        whole = b"".join([b if type(b) is bytes else as_byte_view(b) for b in buffers])
+        if len(whole) == length:
+            return (whole,)
+    return _pieces(buffers, chunk_size)
 
 
 #: Tensor data for a :class:`WriterResponse`: ``(index or name, buffer)`` pairs.
