@@ -21,7 +21,7 @@ server built on the same layer can reach:
 - ``asgi``: a trivial ASGI app (reads the body, fixed answer), served by
   ``python -m uvicorn benchmarks.floor_servers:asgi_app``; the floor of an ASGI
   app under uvicorn.
-- ``binproto-asgi``: binproto's bare ASGI echo app (the README's shape), served
+- ``binproto-asgi``: binproto's bare ASGI echo app (docs/adapters.md's shape), served
   by uvicorn as ``benchmarks.floor_servers:binproto_asgi_app``.
 """
 
@@ -165,7 +165,7 @@ async def asgi_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 async def binproto_asgi_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """binproto's bare ASGI echo app, as the README shows it."""
+    """binproto's bare ASGI echo app, as docs/adapters.md shows it."""
     if scope["type"] != "http":
         return
     try:
