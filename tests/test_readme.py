@@ -247,3 +247,11 @@ def test_errors_table_messages_are_what_binproto_says(kind: str, message: str) -
         assert error.msg.startswith(shown)
     else:
         assert error.msg == message
+
+
+def test_the_readmes_test_command_is_what_ci_runs() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    command = 'pip install -e ".[test]" && python -m pytest -n auto'
+    assert f"\n    {command}\n" in readme
+    assert ci.rstrip().endswith(command)
