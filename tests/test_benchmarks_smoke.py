@@ -60,6 +60,7 @@ def _modules_present() -> set[str]:
     return {"raw"} | {p.stem.removeprefix("bench_") for p in BENCH.glob("bench_*.py")}
 
 
+@pytest.mark.slow
 def test_every_module_ran_without_error(report: dict[str, Any]) -> None:
     assert report["mode"] == "tiny"
     ran = {m["module"]: m for m in report["modules"]}
@@ -78,6 +79,7 @@ def test_every_expected_workload_is_reported(report: dict[str, Any]) -> None:
             assert any(name in w for w in workloads), (group, name, workloads)
 
 
+@pytest.mark.slow
 def test_rows_have_sane_fields(report: dict[str, Any]) -> None:
     for r in report["rows"]:
         assert isinstance(r["workload"], str) and r["workload"]
@@ -253,6 +255,7 @@ def test_the_trio_floor_answers_each_request_of_a_connection() -> None:
         conn.close()
 
 
+@pytest.mark.slow
 def test_throughput_against_a_revision_runs_its_servers_in_the_same_rounds(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -42,6 +42,7 @@ def test_serial(n):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform == "win32", reason="the lock is flock(2)")
 def test_serial_tests_run_alone_under_xdist(tmp_path: Path) -> None:
     pytest.importorskip("xdist")
