@@ -21,9 +21,8 @@ server built on the same layer can reach:
 - ``asgi``: a trivial ASGI app (reads the body, fixed answer), served by
   ``python -m uvicorn benchmarks.floor_servers:asgi_app``; the floor of an ASGI
   app under uvicorn.
-- ``binproto-asgi``: binproto's bare ASGI echo app (read_request and
-  EncodedResponse), served by uvicorn as
-  ``benchmarks.floor_servers:binproto_asgi_app``.
+- ``binproto-asgi``: binproto's bare ASGI echo app (docs/adapters.md's shape), served
+  by uvicorn as ``benchmarks.floor_servers:binproto_asgi_app``.
 - ``binproto-v2app``: binproto's whole V2 server as an ASGI app (``V2App``,
   the echo model), served by uvicorn as ``benchmarks.floor_servers:v2app``.
 - ``binproto-cpu1`` and ``binproto-cpu2``: ``binproto serve`` of an echo that
@@ -172,7 +171,7 @@ async def asgi_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 async def binproto_asgi_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """binproto's bare ASGI echo app, of the adapter's pieces."""
+    """binproto's bare ASGI echo app, as docs/adapters.md shows it."""
     if scope["type"] != "http":
         return
     try:

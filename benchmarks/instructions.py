@@ -17,7 +17,7 @@ alone (``decode_request`` + ``encode_response``), the reference server
 (``V2Server.serve_connection`` over a stream whose peer is always ready: h11,
 the server's layers and the codec; the same head each time, and a new one
 each time, which the server cannot have read before, remembering heads or
-not) and the README's ASGI echo app::
+not) and docs/adapters.md's ASGI echo app::
 
     python -m benchmarks.instructions            # all of them
     python -m benchmarks.instructions --chunks 50000 --decodes 200 --requests 1000
@@ -171,7 +171,7 @@ def _run_now(coroutine: Coroutine[Any, Any, None]) -> None:
 def request_loop(mode: str, count: int) -> None:
     """The 4 KiB FP32 echo request ``count`` times: the codec alone, through
     ``V2Server.serve_connection`` (h11, the server's layers, the codec), or
-    through the README's ASGI echo app; no I/O, no event loop. Each loop
+    through docs/adapters.md's ASGI echo app; no I/O, no event loop. Each loop
     checks that the last request was answered with the echo."""
     from binproto.adapters._server import REMEMBERED_HEADS, V2Server
 

@@ -80,10 +80,9 @@ class ParserState(enum.Enum):
     ERROR = "ERROR"  #: a protocol error was raised; every later call raises
 
 
-# The states as module constants, as NEED_DATA is: on Python 3.11 a member
-# looked up on its Enum class goes through the metaclass's Python-level
-# __getattr__ hook (~0.13 us), which the parser would pay on every change of
-# state and every events() call.
+# The states as module constants, as NEED_DATA is: an Enum member looked up
+# on its class costs a metaclass __getattr__ call on every change of state
+# and every events() call (docs/performance.md).
 _HEADER = ParserState.HEADER
 _TENSORS = ParserState.TENSORS
 _END = ParserState.END

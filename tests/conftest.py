@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+if sys.platform != "win32":
+    import fcntl
 
 
 @pytest.fixture(autouse=True)
@@ -27,3 +33,40 @@ def _junk_in_kept_receive_buffers(monkeypatch: pytest.MonkeyPatch) -> Iterator[N
 
     monkeypatch.setattr(adapter._ReceiveBuffers, "give", junk_then_give)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _serial_tests_run_alone(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """Under pytest-xdist, a test marked ``serial`` runs while no other test does.
+
+    Soaks and memory measurements must not share the CPU with heavy tests.
+    Every test holds a lock file shared; a serial test holds it exclusively.
+    A second lock, the gate, stops new tests from starting while a serial
+    test waits, so the serial test is not starved. Without xdist, tests run
+    one at a time anyway.
+    """
+    if "PYTEST_XDIST_WORKER" not in os.environ or sys.platform == "win32":
+        yield
+        return
+    # The workers' base temporary directories share this parent.
+    shared = tmp_path_factory.getbasetemp().parent
+    serial = request.node.get_closest_marker("serial") is not None
+    gate = _flock(shared / "serial.gate", exclusive=serial)
+    if not serial:
+        os.close(gate)  # through the gate: closing a descriptor drops its lock
+    lock = _flock(shared / "serial.lock", exclusive=serial)
+    try:
+        yield
+    finally:
+        os.close(lock)
+        if serial:
+            os.close(gate)
+
+
+def _flock(path: Path, *, exclusive: bool) -> int:
+    """A descriptor of ``path`` holding its lock, exclusive or shared (blocks)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+    return fd

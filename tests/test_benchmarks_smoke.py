@@ -9,6 +9,7 @@ import http.client
 import importlib.util
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -59,6 +60,7 @@ def _modules_present() -> set[str]:
     return {"raw"} | {p.stem.removeprefix("bench_") for p in BENCH.glob("bench_*.py")}
 
 
+@pytest.mark.slow
 def test_every_module_ran_without_error(report: dict[str, Any]) -> None:
     assert report["mode"] == "tiny"
     ran = {m["module"]: m for m in report["modules"]}
@@ -77,6 +79,7 @@ def test_every_expected_workload_is_reported(report: dict[str, Any]) -> None:
             assert any(name in w for w in workloads), (group, name, workloads)
 
 
+@pytest.mark.slow
 def test_rows_have_sane_fields(report: dict[str, Any]) -> None:
     for r in report["rows"]:
         assert isinstance(r["workload"], str) and r["workload"]
@@ -147,15 +150,24 @@ def test_replay_redraws_a_saved_run(report: dict[str, Any], tmp_path: Path) -> N
     ) + 2  # header and rule
 
 
-def test_both_readmes_carry_the_results_block() -> None:
+def test_the_benchmarks_readme_carries_the_results_block() -> None:
     from benchmarks.run import README_END, README_START
 
-    for readme in (ROOT / "README.md", BENCH / "README.md"):
-        text = readme.read_text()
-        block = text[text.index(README_START) : text.index(README_END)]
-        assert "| workload | impl |" in block
-        chart = "benchmarks/results/latest.png" if readme.parent == ROOT else "results/latest.png"
-        assert f"![benchmark chart]({chart})" in block
+    text = (BENCH / "README.md").read_text()
+    block = text[text.index(README_START) : text.index(README_END)]
+    assert "| workload | impl |" in block
+    assert "![benchmark chart](results/latest.png)" in block
+
+
+def test_the_readme_has_no_commit_hashes_or_instruction_counts() -> None:
+    from benchmarks.run import README_START
+
+    text = (ROOT / "README.md").read_text()
+    assert README_START not in text
+    assert "instructions" not in text
+    # A commit hash as the benchmarks quote them: 7 hex digits with a digit and a letter.
+    hashes = [w for w in re.findall(r"\b[0-9a-f]{7,40}\b", text) if re.search(r"[a-f]", w)]
+    assert not [w for w in hashes if re.search(r"[0-9]", w)], hashes
 
 
 def test_update_readme_replaces_only_the_marked_block(tmp_path: Path) -> None:
@@ -243,6 +255,7 @@ def test_the_trio_floor_answers_each_request_of_a_connection() -> None:
         conn.close()
 
 
+@pytest.mark.slow
 def test_throughput_against_a_revision_runs_its_servers_in_the_same_rounds(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -93,6 +93,7 @@ def test_both_paths_echo_the_tensor_and_report(capsys: pytest.CaptureFixture[str
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # compares peak memory
 @pytest.mark.skipif(_demo.peak_rss() is None, reason="needs /proc/<pid>/status")
 def test_streaming_path_keeps_less_in_memory() -> None:
     size = 48 * MiB

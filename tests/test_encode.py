@@ -738,6 +738,7 @@ def test_a_python_int_beyond_int64_is_refused() -> None:
         binproto.encode_request({"x": 2**63})
 
 
+@pytest.mark.slow
 def test_json_data_of_an_array_is_written_a_slice_at_a_time() -> None:
     # The whole array as a Python list would hold ~32 bytes an element, several
     # times its text: the answer to a big JSON request must not need it.

@@ -22,6 +22,9 @@ import pytest
 from binproto.adapters._server import InferenceError, InferRequest, Model, V2Server
 from tests.test_timeouts import BACKENDS, _asyncio_server, _connect, _trio_server, _until_closed
 
+#: Measures memory or latency: no other test may run beside it.
+pytestmark = pytest.mark.serial
+
 #: Weak references to the arrays the failing models assembled.
 ASSEMBLED: list[weakref.ref[Any]] = []
 

@@ -23,6 +23,9 @@ from binproto.adapters._server import ByteStream, Timeouts, V2Server
 from binproto.adapters.asyncio import close_server, start_server
 from tests.test_timeouts import _asyncio_server, _connect
 
+#: Measures memory or latency: no other test may run beside it.
+pytestmark = pytest.mark.serial
+
 
 @pytest.fixture(autouse=True)
 def _no_kept_buffers(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -307,6 +307,7 @@ def _json_texts(draw: st.DrawFn) -> bytes:
     return raw
 
 
+@pytest.mark.slow
 @settings(max_examples=1500, deadline=None)
 @given(_json_texts())
 def test_orjson_and_the_standard_parser_agree_on_any_text(raw: bytes) -> None:

@@ -1,5 +1,7 @@
 """Every ```python block of README.md and docs/*.md runs as written.
 
+The tables of limits and datatypes in docs/ are checked against the code.
+
 Each block runs in a fresh namespace, so each must be complete on its own. A
 block whose fence says ```python no-run is shown but not run (none is
 allowed to be in README.md's Sans-IO loop section).
@@ -61,9 +63,9 @@ def test_the_sans_io_loop_is_run() -> None:
         assert needed in loop
 
 
-def table(heading: str) -> list[list[str]]:
-    """The body rows of the first Markdown table after README's ``heading``."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def table(doc: str, heading: str) -> list[list[str]]:
+    """The body rows of the first Markdown table after ``heading`` in ``doc``."""
+    text = (ROOT / doc).read_text(encoding="utf-8")
     section = text[text.index(heading) :]
     # The lines of the first table: from its first row to the next blank line.
     first = section[section.index("\n|") + 1 :].split("\n\n", 1)[0].splitlines()
@@ -75,7 +77,8 @@ _SIZES = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 
 
 def _default(text: str) -> float:
-    number, _, unit = text.partition(" ")
+    # "64 MiB (Triton's HTTP input default)" or "1,048,576"
+    number, _, unit = text.split(" (")[0].replace(",", "").partition(" ")
     return float(number) * _SIZES.get(unit, 1)
 
 
@@ -101,7 +104,7 @@ def _over(field: str) -> tuple[binproto.Limits, bytes, int | None, str | None]:
 
 
 def test_limits_table_matches_the_code() -> None:
-    rows = table("## Limits")
+    rows = table("docs/limits-and-errors.md", "## Limits")
     fields = {f.name for f in dataclasses.fields(binproto.Limits)}
     assert {r[0].strip("`") for r in rows} == fields
     defaults = binproto.Limits()
@@ -124,7 +127,7 @@ def test_limits_table_matches_the_code() -> None:
 
 
 def test_datatype_table_matches_the_code() -> None:
-    rows = table("## Datatypes")
+    rows = table("docs/parser.md", "## Datatypes")
     seen: set[str] = set()
     for names, sizes, _ in rows:
         for name, size in zip(names.split(", "), sizes.split(", "), strict=False):
@@ -244,3 +247,11 @@ def test_errors_table_messages_are_what_binproto_says(kind: str, message: str) -
         assert error.msg.startswith(shown)
     else:
         assert error.msg == message
+
+
+def test_the_readmes_test_command_is_what_ci_runs() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    command = 'pip install -e ".[test]" && python -m pytest -n auto'
+    assert f"\n    {command}\n" in readme
+    assert ci.rstrip().endswith(command)

@@ -26,6 +26,9 @@ from .helpers import proc_status
 
 ROOT = Path(__file__).resolve().parent.parent
 
+#: Measures memory or latency: no other test may run beside it.
+pytestmark = pytest.mark.serial
+
 #: How long the three kinds of traffic run together, in seconds.
 SOAK = 40.0
 DRIPPERS = 200

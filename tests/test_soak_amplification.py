@@ -35,6 +35,9 @@ from .helpers import claiming_header, gzip_then_zeros, proc_status
 
 ROOT = Path(__file__).resolve().parent.parent
 
+#: Measures memory or latency: no other test may run beside it.
+pytestmark = pytest.mark.serial
+
 #: How long the attacks and the honest clients run together, in seconds.
 SOAK = 15.0
 CLIENTS = 32

@@ -16,6 +16,7 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, check=False)
 
 
+@pytest.mark.slow
 def test_mypy_strict() -> None:
     targets = ["binproto", "tests"]
     targets += [p for p in ("benchmarks", "examples") if (ROOT / p).is_dir()]

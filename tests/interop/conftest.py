@@ -23,6 +23,22 @@ from .triton_peer import (
 #: Set (by .ci/run) where Triton must run: the Triton tests then fail, not skip.
 REQUIRE_TRITON = "BINPROTO_REQUIRE_TRITON"
 
+HERE = Path(__file__).resolve().parent
+
+#: The session's live peers: each test using one runs on the worker that
+#: started it, so pytest-xdist starts each peer once, not once per worker.
+PEERS = {"triton", "kserve_server"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test of this folder ``interop``; keep live-peer tests together."""
+    for item in items:
+        if not item.path.is_relative_to(HERE):
+            continue
+        item.add_marker(pytest.mark.interop)
+        if PEERS & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("peers"))
+
 
 @pytest.fixture(scope="session")
 def kserve_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KServePeer]:

@@ -11,6 +11,8 @@ from benchmarks import bench_throughput
 from tests.interop.triton_peer import TritonPeer
 
 
+@pytest.mark.slow
+@pytest.mark.serial  # a request rate, beside nothing else
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed")
 def test_the_benchmark_request_is_answered_by_triton(triton: TritonPeer, tmp_path: Path) -> None:
     path, input_name = bench_throughput.ENDPOINTS["triton"]
