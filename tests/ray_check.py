@@ -12,6 +12,7 @@ tritonclient, and prints what it saw as one JSON line.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib.util
 import json
 import os
@@ -170,6 +171,25 @@ def _tritonclient_big(url: str, tensor: np.ndarray[Any, Any]) -> float | None:
         client.close()
 
 
+class Probe:
+    """A replica that says whether it got an array as a read-only view (Ray's
+    object store) or as a copy of its own."""
+
+    def __call__(self, arrays: dict[str, np.ndarray[Any, Any]]) -> bool:
+        return not arrays["x"].flags.writeable
+
+
+async def _object_store(probe: Any, echo: Any) -> dict[str, bool]:
+    """Whether a 64 MiB array travels through the object store, both ways."""
+    tensor = _big(64)
+    back = await echo.remote({"x": tensor})
+    return {
+        "replica_reads_in_place": bool(await probe.remote({"x": tensor})),
+        "ingress_reads_in_place": not back["x"].flags.writeable,
+        "same": bool(np.array_equal(back["x"], tensor)),
+    }
+
+
 def _uvicorn(app: V2App) -> tuple[str, uvicorn.Server, threading.Thread]:
     port = _port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
@@ -205,6 +225,9 @@ def main(argv: list[str] | None = None) -> None:
         serve.run(app, name="v2", route_prefix="/")
         ingress_example = _load("ray_ingress")
         handle = serve.run(ingress_example.model_deployment(2), name="models", route_prefix=None)
+        probe = serve.deployment(Probe, ray_actor_options={"num_cpus": 0})
+        probe = serve.run(probe.bind(), name="probe", route_prefix=None)
+        out["object_store"] = asyncio.run(_object_store(probe, handle))
         out["startup_seconds"] = round(time.monotonic() - started, 1)
         fronts = {"proxy": f"http://127.0.0.1:{port}"}
         url, server, thread = _uvicorn(V2App(ingress_example.ingress_models(handle)))
