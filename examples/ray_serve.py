@@ -7,7 +7,9 @@ Run it (Ray Serve listens on 127.0.0.1:8000)::
 
 Ray's HTTP proxy passes every ASGI message between processes, pickled:
 ``V2App(views=False)`` sends bodies as ``bytes`` (a view cannot be
-pickled), and each body is copied on its way through the proxy.
+pickled), and each body is copied on its way through the proxy. For big
+tensors see examples/ray_ingress.py: decode at an ingress, pass the arrays to
+the replicas through Ray's object store.
 """
 
 from __future__ import annotations
