@@ -1,4 +1,4 @@
-"""The V2 client core (adapters/_client.py) against canned responses from a
+"""The V2 client core (binproto/adapters/_client.py) against canned responses from a
 socket server: framing by close, error bodies, paths, and what a failed
 response leaves behind. Run through the asyncio client, both transports."""
 

@@ -3,6 +3,7 @@ and under mypy --strict; no top-level ``adapters`` package is ever installed."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -23,10 +24,27 @@ def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
+    # Built from a copy: setuptools builds in the source's build/ folder, which
+    # two test processes building at once would share.
+    source = out / "source"
+    shutil.copytree(
+        ROOT,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".git",
+            ".venv*",
+            ".hypothesis",
+            "build",
+            "dist",
+            "*.egg-info",
+            "__pycache__",
+            ".*_cache",
+        ),
+    )
     result = _run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-         "-q", "-w", str(out), str(ROOT)],
-        ROOT,
+         "-q", "-w", str(out), str(source)],
+        source,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     (path,) = out.glob("binproto-*.whl")
@@ -38,7 +56,7 @@ def test_wheel_ships_adapters_inside_binproto(wheel: Path) -> None:
     assert "binproto/py.typed" in names
     assert "binproto/adapters/__init__.py" in names
     shipped = {n.split("/")[-1] for n in names if n.startswith("binproto/adapters/")}
-    in_repo = {p.name for p in (ROOT / "adapters").glob("*.py")}
+    in_repo = {p.name for p in (ROOT / "binproto" / "adapters").glob("*.py")}
     assert in_repo <= shipped
     assert not [n for n in names if n.startswith(("adapters/", "tests/", "benchmarks/"))]
 
