@@ -1190,3 +1190,50 @@ class Endpoint:
         elif not tls and ssl is not None:
             raise LocalProtocolError(f"ssl given for an http:// URL: {url_or_host!r}")
         return cls(parts.hostname, port, ssl, parts.netloc, parts.path)
+
+
+class EndpointClient(ClientCore):
+    """A :class:`ClientCore` made from a base URL or a host and port: what
+    the asyncio and trio ``Client`` share. Each gives :meth:`_connect`, the
+    one thing that differs: how its I/O library opens a stream.
+
+    The arguments are those of :class:`binproto.adapters.asyncio.Client`.
+    """
+
+    def __init__(
+        self,
+        url_or_host: str = "127.0.0.1",
+        port: int | None = None,
+        *,
+        zero_copy: bool = True,
+        timeout: float | None = CLIENT_TIMEOUT,
+        limits: Limits | None = None,
+        accept_encoding: str | None = None,
+        request_encoding: str | None = None,
+        ssl: ssl_module.SSLContext | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        keepalive_expiry: float | None = KEEPALIVE_EXPIRY,
+        retry: Retry | None = DEFAULT_RETRY,
+    ) -> None:
+        bound = seconds_or_none(timeout, "timeout")
+        where = Endpoint.of(url_or_host, port, ssl)
+
+        async def open_stream() -> Any:
+            return await self._connect(where, zero_copy=zero_copy, timeout=bound)
+
+        super().__init__(
+            open_stream,
+            host=where.host_header,
+            zero_copy=zero_copy,
+            limits=limits,
+            accept_encoding=accept_encoding,
+            request_encoding=request_encoding,
+            max_connections=max_connections,
+            keepalive_expiry=keepalive_expiry,
+            retry=retry,
+            path_prefix=where.path_prefix,
+        )
+
+    async def _connect(self, where: Endpoint, *, zero_copy: bool, timeout: float | None) -> Any:
+        """A new stream to ``where``."""
+        raise NotImplementedError

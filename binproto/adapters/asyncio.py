@@ -49,16 +49,12 @@ import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
 
-from binproto import Limits
 from binproto._util import gather_small
 
 from ._client import (
-    CLIENT_TIMEOUT,
-    DEFAULT_RETRY,
-    KEEPALIVE_EXPIRY,
-    MAX_CONNECTIONS,
     ClientCore,
     Endpoint,
+    EndpointClient,
     ResponseStream,
     Retry,
 )
@@ -74,7 +70,6 @@ from ._server import (
     Timeouts,
     V2Server,
     echo_model,
-    seconds_or_none,
 )
 
 __all__ = [
@@ -1005,7 +1000,7 @@ async def connect(
     return StreamsStream(reader, writer, timeout)
 
 
-class Client(ClientCore):
+class Client(EndpointClient):
     """A V2 client over a pool of HTTP/1.1 keep-alive connections.
 
     ::
@@ -1032,38 +1027,7 @@ class Client(ClientCore):
     ``ssl.create_default_context()``).
     """
 
-    def __init__(
-        self,
-        url_or_host: str = "127.0.0.1",
-        port: int | None = None,
-        *,
-        zero_copy: bool = True,
-        timeout: float | None = CLIENT_TIMEOUT,
-        limits: Limits | None = None,
-        accept_encoding: str | None = None,
-        request_encoding: str | None = None,
-        ssl: ssl_module.SSLContext | None = None,
-        max_connections: int = MAX_CONNECTIONS,
-        keepalive_expiry: float | None = KEEPALIVE_EXPIRY,
-        retry: Retry | None = DEFAULT_RETRY,
-    ) -> None:
-        timeout = seconds_or_none(timeout, "timeout")
-        where = Endpoint.of(url_or_host, port, ssl)
-
-        async def open_stream() -> Any:
-            return await connect(
-                where.host, where.port, zero_copy=zero_copy, timeout=timeout, ssl=where.ssl
-            )
-
-        super().__init__(
-            open_stream,
-            host=where.host_header,
-            zero_copy=zero_copy,
-            limits=limits,
-            accept_encoding=accept_encoding,
-            request_encoding=request_encoding,
-            max_connections=max_connections,
-            keepalive_expiry=keepalive_expiry,
-            retry=retry,
-            path_prefix=where.path_prefix,
+    async def _connect(self, where: Endpoint, *, zero_copy: bool, timeout: float | None) -> Any:
+        return await connect(
+            where.host, where.port, zero_copy=zero_copy, timeout=timeout, ssl=where.ssl
         )

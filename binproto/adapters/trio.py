@@ -50,16 +50,12 @@ except ModuleNotFoundError as exc:  # an optional dependency: say which extra br
 
     raise missing_extra(exc, "trio") from None
 
-from binproto import Limits
 from binproto._util import as_byte_view, gather_small
 
 from ._client import (
-    CLIENT_TIMEOUT,
-    DEFAULT_RETRY,
-    KEEPALIVE_EXPIRY,
-    MAX_CONNECTIONS,
     ClientCore,
     Endpoint,
+    EndpointClient,
     ResponseStream,
     Retry,
 )
@@ -74,7 +70,6 @@ from ._server import (
     Timeouts,
     V2Server,
     echo_model,
-    seconds_or_none,
 )
 
 __all__ = [
@@ -419,7 +414,7 @@ async def connect(
     return wrap(await trio.open_tcp_stream(host, port), zero_copy=zero_copy, timeout=timeout)
 
 
-class Client(ClientCore):
+class Client(EndpointClient):
     """A V2 client over a pool of HTTP/1.1 keep-alive connections.
 
     ::
@@ -434,38 +429,9 @@ class Client(ClientCore):
     :class:`ClientCore` an ``open_stream`` that returns :func:`wrap` of it.
     """
 
-    def __init__(
-        self,
-        url_or_host: str = "127.0.0.1",
-        port: int | None = None,
-        *,
-        zero_copy: bool = True,
-        timeout: float | None = CLIENT_TIMEOUT,
-        limits: Limits | None = None,
-        accept_encoding: str | None = None,
-        request_encoding: str | None = None,
-        ssl: ssl_module.SSLContext | None = None,
-        max_connections: int = MAX_CONNECTIONS,
-        keepalive_expiry: float | None = KEEPALIVE_EXPIRY,
-        retry: Retry | None = DEFAULT_RETRY,
-    ) -> None:
-        timeout = seconds_or_none(timeout, "timeout")
-        where = Endpoint.of(url_or_host, port, ssl)
-
-        async def open_stream() -> TrioStream:
-            return await connect(
-                where.host, where.port, zero_copy=zero_copy, timeout=timeout, ssl=where.ssl
-            )
-
-        super().__init__(
-            open_stream,
-            host=where.host_header,
-            zero_copy=zero_copy,
-            limits=limits,
-            accept_encoding=accept_encoding,
-            request_encoding=request_encoding,
-            max_connections=max_connections,
-            keepalive_expiry=keepalive_expiry,
-            retry=retry,
-            path_prefix=where.path_prefix,
+    async def _connect(
+        self, where: Endpoint, *, zero_copy: bool, timeout: float | None
+    ) -> TrioStream:
+        return await connect(
+            where.host, where.port, zero_copy=zero_copy, timeout=timeout, ssl=where.ssl
         )
