@@ -11,6 +11,7 @@ package index they skip, or fail when ``BINPROTO_REQUIRE_RAY`` is set (CI).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -25,7 +26,8 @@ import pytest
 
 import binproto
 
-pytestmark = pytest.mark.slow
+# One worker runs them all: one Ray at a time, one build of its environment.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Where the environment lives; BINPROTO_RAY_VENV names another place.
@@ -56,7 +58,15 @@ def _run(command: Sequence[str | Path], timeout: float) -> None:
 
 
 def ray_environment() -> Path:
-    """The Python of ``.venv-ray/``, built first when missing or out of date."""
+    """The Python of ``.venv-ray/``, built first when missing or out of date
+    (by one process at a time: another would run it while it is rebuilt)."""
+    VENV.parent.mkdir(parents=True, exist_ok=True)
+    with open(VENV.parent / ".venv-ray.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _built()
+
+
+def _built() -> Path:
     wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
     if _python().exists() and STAMP.exists() and STAMP.read_text() == wanted:
         return _python()
