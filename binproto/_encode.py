@@ -53,6 +53,7 @@ __all__ = [
     "dumps_header",
     "encode_request",
     "encode_response",
+    "json_output_elements",
 ]
 
 #: Which tensors travel binary: all (True), none (False), or those named.
@@ -763,21 +764,55 @@ def _policy(
     """The outputs a request asked for, and whether each travels binary."""
     if not isinstance(request, InferenceHeader) or request.kind != "request":
         raise _fail("request must be the InferenceHeader of a parsed request")
-    default = request.binary_data_output is True
-    wanted = request.requested_outputs
-    if wanted is None:
+    default, asked = _asked(request)
+    if asked is None:
         return prepared, [default] * len(prepared)
     by_name = {p.name: p for p in prepared}
-    missing = [o.name for o in wanted if o.name not in by_name]
+    missing = [name for name in asked if name not in by_name]
     if missing:
         raise _fail(f"the request asks for outputs {missing} that are not among the outputs given")
-    asked = {o.name: o for o in wanted}
     kept = [p for p in prepared if p.name in asked]
-    choice = []
-    for p in kept:
-        bd = asked[p.name].binary_data
-        choice.append(bd if bd is not None else default)
-    return kept, choice
+    return kept, [_binary(asked[p.name], default) for p in kept]
+
+
+def _asked(request: InferenceHeader) -> tuple[bool, dict[str, RequestedOutput] | None]:
+    """A request's output policy: its default (``binary_data_output``), and
+    the outputs it lists by name (None: every output, by the default)."""
+    wanted = request.requested_outputs
+    asked = None if wanted is None else {o.name: o for o in wanted}
+    return request.binary_data_output is True, asked
+
+
+def _binary(out: RequestedOutput, default: bool) -> bool:
+    """Whether a listed output travels binary: its ``binary_data``, else the default."""
+    return out.binary_data if out.binary_data is not None else default
+
+
+def json_output_elements(outputs: Any, request: InferenceHeader) -> int:
+    """The elements of ``outputs`` that ``encode_response(outputs,
+    request=request)`` would write as JSON data, without preparing them: a
+    server asks it whether encoding is worth a worker thread. An upper bound
+    (FP16, BF16 and BYTES that are not UTF-8 still go binary); an output it
+    cannot size counts 0."""
+    default, asked = _asked(request)
+    if isinstance(outputs, Mapping):
+        pairs: Any = outputs.items()
+    else:  # (Tensors; anything else the encoder refuses)
+        pairs = ((getattr(t, "name", None), getattr(t, "array", None)) for t in outputs)
+    total = 0
+    for name, value in pairs:
+        if asked is None:
+            binary = default
+        elif name in asked:
+            binary = _binary(asked[name], default)
+        else:
+            continue  # not asked for: not sent
+        if isinstance(value, Tensor):
+            value = value.array
+        size = getattr(value, "size", None)
+        if not binary and type(size) is int:
+            total += size
+    return total
 
 
 def _check_json_elements(prepared: list[_Prepared], binary: list[bool], most: int) -> None:

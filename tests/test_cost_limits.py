@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 import binproto
 from binproto import Limits, RemoteProtocolError
+from binproto._encode import json_output_elements
 from binproto._json import _values_outside_strings
 
 from .helpers import assert_same_everywhere, claiming_header, gzip_then_zeros
@@ -250,3 +251,42 @@ def test_values_are_counted_across_pieces_that_end_inside_a_string() -> None:
     raw = json.dumps(parts).encode()
     # The outer list and its four commas, [1, 2], and {"a": [3]}.
     assert _values_outside_strings(raw) == 1 + 5 + 2 + 2
+
+
+_POLICIES = [
+    {},
+    {"parameters": {"binary_data_output": True}},
+    {"parameters": {"binary_data_output": False}},
+    {"outputs": [{"name": "a"}]},
+    {"outputs": [{"name": "a", "parameters": {"binary_data": True}}, {"name": "b"}]},
+    {
+        "parameters": {"binary_data_output": True},
+        "outputs": [{"name": "b", "parameters": {"binary_data": False}}],
+    },
+]
+
+
+@pytest.mark.parametrize("policy", _POLICIES)
+@pytest.mark.parametrize("as_tensors", [False, True])
+def test_json_output_elements_is_what_the_encoder_writes_as_json(
+    policy: dict[str, Any], as_tensors: bool
+) -> None:
+    # What a server reads before encoding (is a worker thread worth it?) is
+    # the count the encoder's limit then holds the response to.
+    request = binproto.decode_request(
+        json.dumps({"inputs": [], **policy}).encode(), header_length=None
+    ).header
+    arrays = {"a": np.zeros(300, np.float32), "b": np.zeros(50, np.int32)}
+    outputs: Any = arrays
+    if as_tensors:  # (a list of Tensors, or Tensors by name as the echo model gives)
+        outputs = [binproto.Tensor(k, v) for k, v in arrays.items()]
+        if policy:
+            outputs = {t.name: t for t in outputs}
+    count = json_output_elements(outputs, request)
+    binproto.encode_response(outputs, model_name="m", request=request, max_json_elements=count)
+    if count:
+        with pytest.raises(RemoteProtocolError, match="max_json_output_elements"):
+            binproto.encode_response(
+                outputs, model_name="m", request=request, max_json_elements=count - 1
+            )
+    assert count in (0, 50, 300, 350)

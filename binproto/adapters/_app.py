@@ -29,6 +29,7 @@ from binproto import (
     TensorSpec,
 )
 from binproto._assemble import Destinations
+from binproto._encode import json_output_elements
 from binproto._parser import DEFAULT_LIMITS
 
 from ._intake import (
@@ -37,7 +38,6 @@ from ._intake import (
     BodySource,
     InferenceError,
     MessageBody,
-    json_output_elements,
 )
 
 __all__ = [
@@ -425,7 +425,7 @@ class V2Application:
             version = model.versions[0]
         limits = self.limits if self.limits is not None else DEFAULT_LIMITS
         if to_thread is not None and (
-            request.body.header_in_thread or json_output_elements(header, result) >= THREAD_JSON
+            request.body.header_in_thread or json_output_elements(result, header) >= THREAD_JSON
         ):
             # JSON text is written a slice at a time, each slice a pass in C:
             # in a thread, the event loop runs between slices.

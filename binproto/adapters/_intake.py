@@ -10,7 +10,7 @@ bounds the body bytes all requests of a process hold at once.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -49,7 +49,6 @@ __all__ = [
     "InferenceError",
     "MessageBody",
     "header_rest",
-    "json_output_elements",
     "receive_target",
 ]
 
@@ -69,25 +68,6 @@ THREAD_HEADER = SLOW_HEADER
 #: Responses that may write at least this many elements as JSON data are
 #: encoded in a worker thread.
 THREAD_JSON = 1 << 16
-
-
-def json_output_elements(header: InferenceHeader, result: Any) -> int:
-    """The elements of ``result`` a response to ``header`` may write as JSON
-    (all of them unless the request asked for every output binary): whether
-    encoding is worth a worker thread."""
-    wanted = header.requested_outputs
-    if header.binary_data_output is True and (
-        wanted is None or all(o.binary_data is not False for o in wanted)
-    ):
-        return 0
-    values = result.values() if isinstance(result, Mapping) else result
-    total = 0
-    for value in values:
-        size = getattr(value, "size", None)
-        if size is None:  # a Tensor, or a list
-            size = getattr(getattr(value, "array", None), "size", None)
-        total += size if type(size) is int else 0
-    return total
 
 
 def header_rest(parser: Parser, fed: int) -> int:

@@ -85,7 +85,6 @@ from ._intake import (
 )
 from ._intake import YIELD_BYTES as YIELD_BYTES
 from ._intake import BodySource as BodySource
-from ._intake import json_output_elements as json_output_elements
 from ._reader import MAX_CHUNK_LINE as MAX_CHUNK_LINE
 from ._reader import BodyReader
 from ._streams import CHUNK as CHUNK
