@@ -280,12 +280,8 @@ class Inflater:
         leftover = len(self._d.unused_data) + self._queued
         cl = self._content_length
         stream_end = self._fed - len(self._d.unused_data)
+        # (Bytes past content_length never get here: feed() drops them.)
         if leftover or (cl is not None and stream_end < cl):
-            if stream_end == cl:  # past the body's end: what a parser says of any body
-                raise RemoteProtocolError(
-                    "unexpected additional input data after the end of the message",
-                    offset=self._out,
-                )
             raise RemoteProtocolError(
                 f"unexpected data after the end of the {self.encoding} stream"
                 f" (at compressed byte {stream_end})",

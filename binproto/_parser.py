@@ -58,6 +58,7 @@ from ._readers import (
     TensorReader,
     check_announced,
     check_lengths,
+    past_the_end,
     read_end,
     read_header,
 )
@@ -290,12 +291,6 @@ class Parser:
         else:
             queue.append(data)
 
-    @staticmethod
-    def _additional_data(offset: int) -> RemoteProtocolError:
-        return RemoteProtocolError(
-            "unexpected additional input data after the end of the message", offset=offset
-        )
-
     def _receive_edge(self, data: memoryview) -> None:
         state = self._state
         if state is _ERROR:
@@ -309,7 +304,7 @@ class Parser:
         if not data:
             self._queue.end()
         else:  # DONE, ended by content_length
-            self._fail(self._additional_data(self.bytes_parsed))
+            self._fail(past_the_end(self.bytes_parsed))
 
     # -- output -----------------------------------------------------------------
 
@@ -396,20 +391,21 @@ class Parser:
     def _read_end(self) -> Event | NeedData:
         assert self._tensors is not None
         position = self._tensors.position
-        if position == self._body_length and self._queue.has_data():
-            # Bytes past content_length came with the body's last ones: the
-            # body's events come first, MessageComplete included, as when they
-            # come in a later call; the next call raises (the same events for
-            # every chunking). Checked once, at the end, not per chunk.
-            self._past_end = self._additional_data(position)
-            self._queue.clear()
-            self._state, self._reader = _DONE, None
-            return MESSAGE_COMPLETE
-        event = read_end(self._queue, position, self._body_length)
-        source = self._queue.source
-        if event is MESSAGE_COMPLETE and source is not None and source.past_end:
-            # The same for a compressed body, once its stream has ended well.
-            self._past_end = self._additional_data(position)
+        queue = self._queue
+        # Bytes past content_length that came with the body's last ones (for
+        # a compressed body, the inflater dropped them): the body's events
+        # come first, MessageComplete included, as when they come in a later
+        # call, and the next call raises. So the events are the same for every
+        # chunking; checked once, at the end, not per chunk.
+        if position == self._body_length and queue.has_data():
+            queue.clear()
+            event: Event | NeedData = MESSAGE_COMPLETE
+            past = True
+        else:
+            event = read_end(queue, position, self._body_length)
+            past = event is MESSAGE_COMPLETE and queue.source is not None and queue.source.past_end
+        if past:
+            self._past_end = past_the_end(position)
         if event is NEED_DATA:
             self._state, self._reader = _END, Parser._read_end
         else:

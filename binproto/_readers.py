@@ -31,6 +31,7 @@ __all__ = [
     "check_header",
     "check_lengths",
     "parse_header",
+    "past_the_end",
     "read_end",
     "read_header",
 ]
@@ -423,6 +424,13 @@ class TensorReader:
         )
 
 
+def past_the_end(offset: int) -> RemoteProtocolError:
+    """The fault of bytes after the end of a message, found at ``offset``."""
+    return RemoteProtocolError(
+        "unexpected additional input data after the end of the message", offset=offset
+    )
+
+
 #: The one MessageComplete: it has no fields, so every parser can return the same.
 MESSAGE_COMPLETE = MessageComplete()
 
@@ -431,9 +439,7 @@ def read_end(queue: ChunkQueue, position: int, length: int | None) -> MessageCom
     """MessageComplete once the body is known to end at ``position``, where
     the last tensor ended (``length``: the body's length, when known)."""
     if queue.has_data():
-        raise RemoteProtocolError(
-            "unexpected additional input data after the end of the message", offset=position
-        )
+        raise past_the_end(position)
     if position == length or queue.ended:
         return MESSAGE_COMPLETE
     return NEED_DATA
