@@ -39,7 +39,7 @@ from ._app import (
     _route_of,
     echo_model,
 )
-from ._intake import WHOLE_BODY, BodyBudget, InferenceError
+from ._intake import WHOLE_BODY, BodyBudget, InferenceError, drains_for_answer
 from .asgi import (
     CHUNK_SIZE,
     BodySource,
@@ -418,12 +418,8 @@ async def _error(
             reader.budget.release(reader)
             reader.budget = None
         expects = "expect" in _scope_fields(scope)
-        status = exc.status if isinstance(exc, InferenceError) else exc.status_hint
         remaining = reader.remaining
-        if status == 413 and remaining is None:
-            # A chunked body refused for what its header claims is not read
-            # for the answer, as binproto's servers do: no length says how
-            # much is to come, and a client that waits would never get it.
+        if not drains_for_answer(exc, remaining):
             close = True
         elif reader.failed is None and not (expects and not reader._received):
             if remaining is None or remaining <= DISCARD_LIMIT:

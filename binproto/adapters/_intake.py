@@ -28,6 +28,7 @@ from binproto import (
     MessageComplete,
     NeedData,
     Parser,
+    ProtocolError,
     TensorAssembler,
     TensorChunk,
     TensorSpec,
@@ -153,6 +154,16 @@ class InferenceError(Exception):
         self.status = code
         #: The methods of the resource, sent in ``Allow`` with a 405.
         self.allow = allow
+
+
+def drains_for_answer(exc: ProtocolError | InferenceError, remaining: int | None) -> bool:
+    """Whether the rest of a refused request's body is read and dropped
+    before the answer, so that a client still sending sees it (``remaining``:
+    the body bytes still to come, None when no length says). Not for a
+    chunked body refused for what its header claims (413): a client waiting
+    for the answer would get it only at the body timeout."""
+    status = exc.status if isinstance(exc, InferenceError) else exc.status_hint
+    return not (status == 413 and remaining is None)
 
 
 class BodyBudget:

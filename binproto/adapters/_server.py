@@ -82,6 +82,7 @@ from ._intake import (
     BodyBudget,
     InferenceError,
     MessageBody,
+    drains_for_answer,
 )
 from ._intake import YIELD_BYTES as YIELD_BYTES
 from ._intake import BodySource as BodySource
@@ -652,14 +653,9 @@ class V2Server:
             head, payload = error_response(exc)
         # A client still sending its body would not see the answer if the
         # server closed now; read the rest (within bounds) and keep the
-        # connection, or say it closes.
-        # A chunked body refused for what its header claims is not read for
-        # the answer: no length says how much is to come, and a client that
-        # waits would get the 413 only at the body timeout. (A client still
-        # sending is drained by the lingering close.)
-        status = exc.status if isinstance(exc, InferenceError) else exc.status_hint
-        refused_claim = status == 413 and reader.remaining is None
-        close = refused_claim or not await self._discard(reader)
+        # connection, or say it closes (the lingering close drains it then).
+        drains = drains_for_answer(exc, reader.remaining)
+        close = not drains or not await self._discard(reader)
         stream.timeout = timeouts.write
         if close:
             head = _closing(head)
