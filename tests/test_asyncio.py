@@ -46,6 +46,7 @@ from binproto.adapters.h11 import HTTPError, receive_events, request_for, respon
 from binproto.adapters.h11 import parser_for as parser_from_head
 
 from .helpers import Scripted
+from .servers import running
 
 # -- a server on a background thread ------------------------------------------
 
@@ -1658,12 +1659,6 @@ def test_body_bytes_that_came_with_the_head_outlive_other_connections_requests(
     # it came in must not serve another connection before the handler reads
     # it (the kept buffers are overwritten with junk when given back: see
     # conftest.py). The same head each time: a kept head the third time.
-    from .test_timeouts import _asyncio_server
-
-    factory = asyncio.new_event_loop
-    if loop == "uvloop":
-        factory = pytest.importorskip("uvloop").new_event_loop
-
     async def late(request: InferRequest) -> dict[str, Any]:
         await asyncio.sleep(0.3)  # another connection's requests come meanwhile
         return dict(await request.tensors())
@@ -1671,7 +1666,8 @@ def test_body_bytes_that_came_with_the_head_outlive_other_connections_requests(
     app = V2Server([Model("late", late), echo_model()], timeouts=Timeouts(keep_alive=60))
     big = np.frombuffer(np.random.default_rng(1).bytes(200_000), dtype=np.uint8)
     small = np.full(60_000, 0xEE, dtype=np.uint8)
-    with _asyncio_server(app, zero_copy=True, loop_factory=factory) as port:
+    with running("asyncio", app, loop=loop) as served:
+        port = served.port
         a = socket.create_connection(("127.0.0.1", port))
         b = socket.create_connection(("127.0.0.1", port))
         answers = []

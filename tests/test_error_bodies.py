@@ -10,8 +10,10 @@ import pytest
 import binproto
 from binproto._http import MAX_ERROR_BODY, MAX_ERROR_TEXT, error_text
 from binproto.adapters import asgi
+from binproto.adapters._server import V2Server
 from binproto.adapters.h11 import error_response
-from tests.test_timeouts import BACKENDS, _connect, _until_closed, serving
+
+from .servers import BACKENDS, connect, running, until_closed
 
 
 @pytest.mark.parametrize(
@@ -50,9 +52,9 @@ def test_the_peers_text_is_cut_at_1_kib_and_the_offset_kept() -> None:
     ids=["header-line", "request-line"],
 )
 def test_a_refused_head_is_quoted_as_text_and_cut(backend: str, head: bytes) -> None:
-    with serving(backend) as port, _connect(port) as sock:
+    with running(backend, V2Server()) as server, connect(server.port) as sock:
         sock.sendall(head)
-        received = _until_closed(sock)
+        received = until_closed(sock)
     assert received.startswith(b"HTTP/1.1 400 "), received[:200]
     error = json.loads(received.partition(b"\r\n\r\n")[2])["error"]
     assert "bytearray(" not in error and "b'" not in error
@@ -116,9 +118,9 @@ def test_a_server_answers_a_long_non_ascii_name_within_1024_bytes(
         tensor = {"name": name, "datatype": "FP32", "shape": [1], "data": [1.0]}
         body = json.dumps({"inputs": [tensor, tensor]}, ensure_ascii=False).encode()
         request = _request("/v2/models/echo/infer", body)
-    with serving(backend) as port, _connect(port) as sock:
+    with running(backend, V2Server()) as server, connect(server.port) as sock:
         sock.sendall(request)
-        received = _until_closed(sock)
+        received = until_closed(sock)
     assert received.startswith(b"HTTP/1.1 400 "), received[:200]
     payload = received.partition(b"\r\n\r\n")[2]
     assert len(payload) <= MAX_ERROR_BODY
