@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import h11
 import numpy as np
 import pytest
 import trio
@@ -22,6 +23,7 @@ from binproto.adapters import asyncio as ba
 from binproto.adapters import trio as bt
 from binproto.adapters._server import V2Server
 from binproto.adapters.asgi import V2App
+from binproto.adapters.h11 import request_for, send_message
 
 __all__ = [
     "ALL_BACKENDS",
@@ -29,14 +31,17 @@ __all__ = [
     "Running",
     "answering_pids",
     "as_v2app",
+    "assert_served",
     "connect",
     "gone",
     "new_loop",
     "read_all",
+    "read_response",
     "request_bytes",
     "running",
     "serving",
     "until_closed",
+    "wire",
 ]
 
 
@@ -85,6 +90,8 @@ class Running:
         self._ready = threading.Event()
         self._stop: Callable[[], object] | None = None
         self._call_soon: Callable[[Callable[[], object]], object] | None = None
+        if backend == "uvloop":  # (asyncio receiving in place, on uvloop)
+            loop = "uvloop"
         self._loop = None if backend == "trio" or loop == "asyncio" else new_loop(loop)
         self._thread = threading.Thread(target=self._run, args=(app,), daemon=True)
         self._thread.start()
@@ -146,7 +153,7 @@ class Running:
         assert task is not None
         self._stop = lambda: loop.call_soon_threadsafe(task.cancel)
         self._call_soon = loop.call_soon_threadsafe
-        zero_copy = self.backend == "asyncio"
+        zero_copy = self.backend in ("asyncio", "uvloop")
         try:
             await ba.serve(app, port=0, zero_copy=zero_copy, ready=self._started, **self.options)
         except asyncio.CancelledError:
@@ -158,9 +165,12 @@ class Running:
         self._thread.join(10)
 
 
+#: binproto's own HTTP/1.1 servers: asyncio receiving in place, asyncio
+#: through streams, trio. For what their HTTP loops do themselves.
 BACKENDS = ["asyncio", "asyncio-streams", "trio"]
-#: With V2App under uvicorn: for what the V2 application answers (not the HTTP loop's own work).
-ALL_BACKENDS = [*BACKENDS, "uvicorn"]
+#: Every way to serve the V2 application: also asyncio on uvloop, and
+#: V2App under uvicorn. For what the application answers.
+ALL_BACKENDS = ["asyncio", "asyncio-streams", "uvloop", "trio", "uvicorn"]
 
 
 def serving(backend: str, app: V2Server, **options: Any) -> Iterator[Running]:
@@ -201,6 +211,54 @@ def until_closed(sock: socket.socket) -> bytes:
         while chunk := sock.recv(1 << 20):
             data += chunk
     return bytes(data)
+
+
+def wire(inputs: dict[str, Any], target: str = "/v2/models/echo/infer", **options: Any) -> bytes:
+    """A whole request of ``inputs`` to ``target``, binary outputs asked for.
+
+    ``options`` go to :func:`binproto.encode_request`.
+    """
+    body = binproto.encode_request(inputs, binary_data_output=True, **options)
+    conn = h11.Connection(h11.CLIENT)
+    return b"".join(bytes(p) for p in send_message(conn, request_for(target, body), body))
+
+
+def read_response(sock: socket.socket, check_closed: bool = True) -> tuple[int, bytes, bool]:
+    """Status, body, and (when checked) whether the server then closed the connection."""
+    conn = h11.Connection(h11.CLIENT)
+    conn.send(h11.Request(method="GET", target="/", headers=[("Host", "x")]))
+    conn.send(h11.EndOfMessage())
+    status = 0
+    body = bytearray()
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(sock.recv(65536))
+            continue
+        if type(event) is h11.Response:
+            status = event.status_code
+        elif type(event) is h11.Data:
+            body += event.data
+        elif type(event) is h11.EndOfMessage:
+            break
+    closed = False
+    if not check_closed:
+        return status, bytes(body), closed
+    sock.settimeout(5)
+    try:
+        closed = sock.recv(1) == b""
+    except (TimeoutError, ConnectionError):
+        closed = False
+    return status, bytes(body), closed
+
+
+def assert_served(port: int) -> None:
+    """A normal request on a new connection is answered in full."""
+    x = np.arange(1000, dtype=np.int32)
+    with connect(port) as sock:
+        sock.sendall(wire({"x": x}))
+        status, body, _ = read_response(sock, check_closed=False)
+    assert status == 200 and body.endswith(x.tobytes()), (status, body[:200])
 
 
 def request_bytes(arrays: dict[str, Any]) -> bytes:

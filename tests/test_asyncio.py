@@ -26,7 +26,6 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
-from tritonclient.utils import InferenceServerException
 
 import binproto
 from binproto import HeaderParsed, MessageComplete, TensorChunk, TensorComplete, TensorInfo
@@ -270,171 +269,6 @@ def _as_bytes(arr: np.ndarray[Any, Any]) -> list[bytes]:
 # -- tritonclient (sync) -----------------------------------------------------------
 
 
-def _triton(port: int) -> httpclient.InferenceServerClient:
-    return httpclient.InferenceServerClient(f"127.0.0.1:{port}", connection_timeout=30)
-
-
-def _triton_echo(
-    port: int,
-    items: list[tuple[str, str, np.ndarray[Any, Any]]],
-    *,
-    binary_in: bool,
-    binary_out: bool,
-) -> httpclient.InferResult:
-    inputs = []
-    for name, datatype, arr in items:
-        inp = httpclient.InferInput(name, list(arr.shape), datatype)
-        inp.set_data_from_numpy(arr, binary_data=binary_in or datatype in ("FP16", "BF16"))
-        inputs.append(inp)
-    outputs = [httpclient.InferRequestedOutput(n, binary_data=binary_out) for n, _, _ in items]
-    client = _triton(port)
-    try:
-        return client.infer("echo", inputs, outputs=outputs)
-    finally:
-        client.close()
-
-
-@pytest.mark.parametrize("binary_in", [True, False], ids=["bin_in", "json_in"])
-@pytest.mark.parametrize("binary_out", [True, False], ids=["bin_out", "json_out"])
-def test_tritonclient_every_datatype(
-    server: ServerThread, binary_in: bool, binary_out: bool
-) -> None:
-    items = [(f"t_{dt}", dt, arr) for dt, arr in NUMERIC + BINARY_ONLY]
-    items.append(("t_bytes", "BYTES", UTF8))
-    result = _triton_echo(server.port, items, binary_in=binary_in, binary_out=binary_out)
-    for name, datatype, arr in items:
-        got = result.as_numpy(name)
-        if datatype == "BYTES":
-            assert _as_bytes(got) == _as_bytes(arr)
-        else:
-            assert got.shape == arr.shape
-            np.testing.assert_array_equal(got.astype(arr.dtype), arr)
-        output = result.get_output(name)
-        assert output["datatype"] == datatype
-        binary = "binary_data_size" in output.get("parameters", {})
-        assert binary == (binary_out or datatype in ("FP16", "BF16"))
-
-
-def test_tritonclient_non_utf8_bytes(server: ServerThread) -> None:
-    # Asked for as JSON, BYTES that are not UTF-8 still come back binary.
-    for binary_out in (True, False):
-        result = _triton_echo(
-            server.port, [("s", "BYTES", NON_UTF8)], binary_in=True, binary_out=binary_out
-        )
-        assert _as_bytes(result.as_numpy("s")) == list(NON_UTF8)
-
-
-@pytest.mark.parametrize("binary", [True, False])
-def test_tritonclient_zero_size(server: ServerThread, binary: bool) -> None:
-    items: list[tuple[str, str, np.ndarray[Any, Any]]] = [
-        ("f", "FP32", np.zeros((0,), dtype=np.float32)),
-        ("i", "INT64", np.zeros((2, 0), dtype=np.int64)),
-        ("b", "BOOL", np.zeros((0, 3), dtype=np.bool_)),
-        ("s", "BYTES", np.zeros((0,), dtype=np.object_)),
-        ("h", "FP16", np.zeros((0, 2), dtype=np.float16)),
-    ]
-    result = _triton_echo(server.port, items, binary_in=binary, binary_out=binary)
-    for name, _, arr in items:
-        assert result.as_numpy(name).shape == arr.shape
-
-
-@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
-def test_tritonclient_compressed_request(server: ServerThread, algorithm: str) -> None:
-    x = np.arange(10_000, dtype=np.int64)
-    inp = httpclient.InferInput("x", list(x.shape), "INT64")
-    inp.set_data_from_numpy(x)
-    client = _triton(server.port)
-    try:
-        result = client.infer(
-            "echo",
-            [inp],
-            outputs=[httpclient.InferRequestedOutput("x", binary_data=True)],
-            request_compression_algorithm=algorithm,
-            response_compression_algorithm=algorithm,  # may be ignored: identity is valid
-        )
-    finally:
-        client.close()
-    np.testing.assert_array_equal(result.as_numpy("x"), x)
-
-
-def test_tritonclient_metadata_and_health(server: ServerThread) -> None:
-    client = _triton(server.port)
-    try:
-        assert client.is_server_live()
-        assert client.is_server_ready()
-        assert client.is_model_ready("echo")
-        meta = client.get_server_metadata()
-        assert "binary_tensor_data" in meta["extensions"]
-        assert client.get_model_metadata("echo")["name"] == "echo"
-        assert client.get_model_metadata("events", model_version="2")["versions"] == ["1", "2"]
-        with pytest.raises(InferenceServerException, match="unknown model"):
-            client.get_model_metadata("nope")
-    finally:
-        client.close()
-
-
-def test_tritonclient_errors(server: ServerThread) -> None:
-    client = _triton(server.port)
-    try:
-        inp = httpclient.InferInput("x", [2], "FP32")
-        inp.set_data_from_numpy(np.zeros(2, dtype=np.float32))
-        inp._datatype = "FP8"  # no V2 datatype: the server must say so
-        with pytest.raises(InferenceServerException) as info:
-            client.infer("echo", [inp])
-        assert info.value.status() == "400"
-        assert "invalid datatype 'FP8'" in info.value.message()
-
-        inp = httpclient.InferInput("x", [2], "FP32")
-        inp.set_data_from_numpy(np.zeros(2, dtype=np.float32))
-        with pytest.raises(InferenceServerException, match="unexpected inference output"):
-            client.infer("echo", [inp], outputs=[httpclient.InferRequestedOutput("y")])
-        with pytest.raises(InferenceServerException, match="unknown model"):
-            client.infer("nope", [inp])
-        # Refused before its body was read, a large request still gets the answer.
-        big = httpclient.InferInput("x", [1 << 21], "FP32")
-        big.set_data_from_numpy(np.zeros(1 << 21, dtype=np.float32))
-        with pytest.raises(InferenceServerException, match="unknown model"):
-            client.infer("nope", [big])
-        # The same client goes on working after errors.
-        result = client.infer("echo", [inp])
-        np.testing.assert_array_equal(result.as_numpy("x"), np.zeros(2, dtype=np.float32))
-    finally:
-        client.close()
-
-
-def test_tritonclient_aio(server: ServerThread) -> None:
-    async def main() -> None:
-        client = aioclient.InferenceServerClient(f"127.0.0.1:{server.port}")
-        try:
-            assert await client.is_server_live()
-            meta = await client.get_server_metadata()
-            assert "binary_tensor_data" in meta["extensions"]
-            for binary in (True, False):
-                inputs = []
-                for dt, arr in [*NUMERIC, ("BYTES", UTF8)]:
-                    inp = aioclient.InferInput(dt, list(arr.shape), dt)
-                    inp.set_data_from_numpy(arr, binary_data=binary)
-                    inputs.append(inp)
-                inp = aioclient.InferInput("raw", list(NON_UTF8.shape), "BYTES")
-                inp.set_data_from_numpy(NON_UTF8, binary_data=True)
-                inputs.append(inp)
-                outputs = [aioclient.InferRequestedOutput(i.name(), binary) for i in inputs]
-                result = await client.infer("echo", inputs, outputs=outputs)
-                for dt, arr in NUMERIC:
-                    np.testing.assert_array_equal(result.as_numpy(dt).astype(arr.dtype), arr)
-                assert _as_bytes(result.as_numpy("BYTES")) == _as_bytes(UTF8)
-                assert _as_bytes(result.as_numpy("raw")) == list(NON_UTF8)
-            bad = aioclient.InferInput("x", [1], "INT32")
-            bad.set_data_from_numpy(np.zeros(1, dtype=np.int32))
-            bad._datatype = "INT4"
-            with pytest.raises(InferenceServerException, match="invalid datatype"):
-                await client.infer("echo", [bad])
-        finally:
-            await client.close()
-
-    run(main())
-
-
 # -- binproto's client -------------------------------------------------------------
 
 
@@ -656,24 +490,6 @@ def test_server_with_compression_off_never_compresses() -> None:
     run(main())
     with pytest.raises(binproto.LocalProtocolError, match="compression_level"):
         V2Server(compression_level=10)
-
-
-@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
-def test_tritonclient_compressed_response(server: ServerThread, algorithm: str) -> None:
-    items = [(dt, dt, arr) for dt, arr in NUMERIC] + [("raw", "BYTES", NON_UTF8)]
-    inputs = []
-    for name, datatype, arr in items:
-        inp = httpclient.InferInput(name, list(arr.shape), datatype)
-        inp.set_data_from_numpy(arr, binary_data=True)
-        inputs.append(inp)
-    client = _triton(server.port)
-    try:
-        result = client.infer("echo", inputs, response_compression_algorithm=algorithm)
-    finally:
-        client.close()
-    for dt, arr in NUMERIC:
-        np.testing.assert_array_equal(result.as_numpy(dt), arr)
-    assert _as_bytes(result.as_numpy("raw")) == list(NON_UTF8)
 
 
 def test_client_reads_only_as_fast_as_the_consumer_takes_events(server: ServerThread) -> None:
@@ -1223,7 +1039,8 @@ def test_serve_command_answers_health_checks() -> None:
         assert proc.stdout is not None
         match = re.search(r":(\d+)$", proc.stdout.readline().strip())
         assert match
-        client = _triton(int(match.group(1)))
+        address = f"127.0.0.1:{match.group(1)}"
+        client = httpclient.InferenceServerClient(address, connection_timeout=30)
         try:
             assert client.is_server_live()
             assert "binary_tensor_data" in client.get_server_metadata()["extensions"]

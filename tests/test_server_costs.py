@@ -32,9 +32,9 @@ from .servers import ALL_BACKENDS, Running, serving
 pytest.importorskip("trio")
 
 
-@pytest.fixture(params=ALL_BACKENDS)
-def server(request: pytest.FixtureRequest) -> Iterator[Running]:
-    yield from serving(str(request.param), V2Server())
+@pytest.fixture
+def server(backend: str) -> Iterator[Running]:
+    yield from serving(backend, V2Server())
 
 
 def _rss() -> int:

@@ -4,7 +4,6 @@ adversarial peers, and ``python -m binproto serve --backend trio``."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import http.client
@@ -25,8 +24,6 @@ import pytest
 import trio
 import trio.testing
 import tritonclient.http as triton_http
-import tritonclient.http.aio as triton_aio
-from tritonclient.utils import InferenceServerException
 
 import binproto
 from binproto import HeaderParsed, MessageComplete, TensorChunk, TensorComplete
@@ -42,6 +39,7 @@ from binproto.adapters._server import (
 from binproto.adapters.h11 import HTTPError
 from tests.helpers import bytes_tensor, make_body
 from tests.interop.samples import DATATYPES, sample, utf8_bytes
+from tests.models import binary_expected, same
 
 MiB = 1 << 20
 Array = np.ndarray[Any, Any]
@@ -138,20 +136,6 @@ def port() -> Iterator[int]:
 
 
 # -- comparing arrays -----------------------------------------------------------------
-
-
-def same(got: Array, want: Array) -> bool:
-    """Same shape, dtype and bytes (NaN, -0.0 and BF16 compared bit for bit)."""
-    if got.shape != want.shape or got.dtype != want.dtype:
-        return False
-    if want.dtype == object:
-        return [bytes(x) for x in got.ravel()] == [bytes(x) for x in want.ravel()]
-    return got.tobytes() == want.tobytes()
-
-
-def binary_expected(datatype: str, binary: bool) -> bool:
-    """Whether an output travels binary: as asked, but FP16 and BF16 always do."""
-    return binary or datatype in ("FP16", "BF16")
 
 
 # -- binproto's trio client against the trio server -----------------------------------
@@ -375,125 +359,6 @@ def test_64mib_tensor_through_the_trio_server_and_client() -> None:
 
 
 # -- the real tritonclient calling the trio server ------------------------------------
-
-TRITON_TYPES = ["BOOL", "UINT8", "INT16", "INT32", "INT64", "UINT64", "FP16", "FP32", "FP64"]
-
-
-def triton_sample(datatype: str) -> Array:
-    dtype = binproto.DATATYPES[datatype].dtype
-    if datatype == "BOOL":
-        return np.array([[True, False, True], [False, False, True]])
-    return (np.arange(6) * 3 + 1).astype(dtype).reshape(2, 3)
-
-
-# tritonclient has no JSON form for FP16: it is only sent binary.
-TRITON_CASES = [(dt, b) for dt in TRITON_TYPES for b in (True, False) if b or dt != "FP16"]
-
-
-@pytest.mark.parametrize(("datatype", "binary"), TRITON_CASES)
-def test_tritonclient_round_trip(port: int, datatype: str, binary: bool) -> None:
-    arr = triton_sample(datatype)
-    client = triton_http.InferenceServerClient(f"127.0.0.1:{port}")
-    try:
-        inp = triton_http.InferInput("x", list(arr.shape), datatype)
-        inp.set_data_from_numpy(arr, binary_data=binary)
-        out = triton_http.InferRequestedOutput("x", binary_data=binary)
-        result = client.infer("echo", [inp], outputs=[out], request_id="t1")
-        assert same(result.as_numpy("x"), arr)
-        response = result.get_response()
-        assert response["id"] == "t1" and response["model_name"] == "echo"
-        params = response["outputs"][0].get("parameters", {})
-        assert ("binary_data_size" in params) == binary_expected(datatype, binary)
-    finally:
-        client.close()
-
-
-def test_tritonclient_bytes_binary_data_output_and_zero_size(port: int) -> None:
-    text = np.array([[b"\xff\xfe"], [b""], [b"\x80 not utf-8"]], dtype=np.object_)
-    words = np.array([b"plain", b"\xc3\xa9"], dtype=np.object_)
-    empty = np.zeros((0, 5), dtype=np.float32)
-    client = triton_http.InferenceServerClient(f"127.0.0.1:{port}")
-    try:
-        inputs = []
-        for name, arr, dt, binary in [
-            ("text", text, "BYTES", True),
-            ("words", words, "BYTES", False),
-            ("empty", empty, "FP32", True),
-        ]:
-            inp = triton_http.InferInput(name, list(arr.shape), dt)
-            inp.set_data_from_numpy(arr, binary_data=binary)
-            inputs.append(inp)
-        # No outputs named: tritonclient asks for binary_data_output.
-        result = client.infer("echo", inputs)
-        assert same(result.as_numpy("text"), text)
-        assert same(result.as_numpy("words"), words)
-        assert same(result.as_numpy("empty"), empty)
-        assert all("binary_data_size" in o["parameters"] for o in result.get_response()["outputs"])
-        # JSON asked for every output: the non-UTF-8 BYTES still come back binary.
-        outputs = [
-            triton_http.InferRequestedOutput(n, binary_data=False) for n in ("text", "words")
-        ]
-        result = client.infer("echo", inputs, outputs=outputs)
-        assert same(result.as_numpy("text"), text)
-        by_name = {o["name"]: o for o in result.get_response()["outputs"]}
-        assert "binary_data_size" in by_name["text"]["parameters"]
-        assert by_name["words"]["data"] == ["plain", "é"]
-    finally:
-        client.close()
-
-
-def test_tritonclient_endpoints_and_errors(port: int) -> None:
-    client = triton_http.InferenceServerClient(f"127.0.0.1:{port}")
-    try:
-        assert client.is_server_live() and client.is_server_ready()
-        assert client.is_model_ready("echo") and not client.is_model_ready("nope")
-        assert "binary_tensor_data" in client.get_server_metadata()["extensions"]
-        inp = triton_http.InferInput("x", [2], "FP32")
-        inp.set_data_from_numpy(np.ones(2, dtype=np.float32))
-        with pytest.raises(InferenceServerException, match="unknown model") as info:
-            client.infer("nope", [inp])
-        assert info.value.status() == "404"
-        with pytest.raises(InferenceServerException, match="refuses this input") as info:
-            client.infer("fail", [inp])
-        assert info.value.status() == "422"
-        with pytest.raises(InferenceServerException, match="unexpected inference output"):
-            client.infer("echo", [inp], outputs=[triton_http.InferRequestedOutput("y")])
-        assert same(client.infer("echo", [inp]).as_numpy("x"), np.ones(2, dtype=np.float32))
-    finally:
-        client.close()
-
-
-def test_tritonclient_aio(port: int) -> None:
-    arrays: dict[str, Array] = {
-        "f": np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4),
-        "i": np.array([[-(2**40), 2**40]], dtype=np.int64),
-        "s": np.array([b"\xff\x00", b"ok"], dtype=np.object_),
-        "b": np.array([True, False]),
-        "e": np.zeros((0,), dtype=np.uint16),
-    }
-    types = {"f": "FP32", "i": "INT64", "s": "BYTES", "b": "BOOL", "e": "UINT16"}
-
-    async def go() -> None:
-        client = triton_aio.InferenceServerClient(f"127.0.0.1:{port}")
-        try:
-            assert await client.is_server_ready()
-            inputs = []
-            for name, arr in arrays.items():
-                inp = triton_aio.InferInput(name, list(arr.shape), types[name])
-                inp.set_data_from_numpy(arr, binary_data=name != "b")
-                inputs.append(inp)
-            outputs = [triton_aio.InferRequestedOutput(n, binary_data=n != "i") for n in arrays]
-            result = await client.infer("echo", inputs, outputs=outputs)
-            for name, arr in arrays.items():
-                assert same(result.as_numpy(name), arr), name
-            params = {o["name"]: o.get("parameters", {}) for o in result.get_response()["outputs"]}
-            assert "binary_data_size" not in params["i"] and "binary_data_size" in params["f"]
-            with pytest.raises(InferenceServerException, match="unknown model"):
-                await client.infer("nope", inputs)
-        finally:
-            await client.close()
-
-    asyncio.run(go())
 
 
 # -- adversarial peers ----------------------------------------------------------------
@@ -903,42 +768,6 @@ def test_server_with_compression_off_never_compresses() -> None:
             nursery.cancel_scope.cancel()
 
     trio.run(main)
-
-
-def test_server_compresses_for_tritonclient(port: int) -> None:
-    """The sync client asks for a coding; the aio client always sends
-    ``Accept-Encoding: gzip, deflate, br`` and gets gzip."""
-    arrays = {dt: triton_sample(dt) for dt in ("FP32", "INT64", "BOOL")}
-    arrays["BYTES"] = np.array([[b"\xff\x00"], [b""], [b"abc"]], dtype=np.object_)
-    for algorithm in ("gzip", "deflate"):
-        client = triton_http.InferenceServerClient(f"127.0.0.1:{port}")
-        try:
-            inputs = []
-            for dt, arr in arrays.items():
-                inp = triton_http.InferInput(dt.lower(), list(arr.shape), dt)
-                inp.set_data_from_numpy(arr)
-                inputs.append(inp)
-            result = client.infer("echo", inputs, response_compression_algorithm=algorithm)
-            for dt, arr in arrays.items():
-                assert same(result.as_numpy(dt.lower()), arr), (algorithm, dt)
-        finally:
-            client.close()
-
-    async def aio() -> None:
-        client = triton_aio.InferenceServerClient(f"127.0.0.1:{port}")
-        try:
-            inputs = []
-            for dt, arr in arrays.items():
-                inp = triton_aio.InferInput(dt.lower(), list(arr.shape), dt)
-                inp.set_data_from_numpy(arr)
-                inputs.append(inp)
-            result = await client.infer("echo", inputs)
-            for dt, arr in arrays.items():
-                assert same(result.as_numpy(dt.lower()), arr), dt
-        finally:
-            await client.close()
-
-    asyncio.run(aio())
 
 
 def test_compressed_response_to_an_http_1_0_peer_ends_with_the_connection(port: int) -> None:
