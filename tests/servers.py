@@ -34,6 +34,7 @@ __all__ = [
     "assert_served",
     "connect",
     "gone",
+    "infer_bytes",
     "new_loop",
     "read_all",
     "read_response",
@@ -41,7 +42,6 @@ __all__ = [
     "running",
     "serving",
     "until_closed",
-    "wire",
 ]
 
 
@@ -213,7 +213,9 @@ def until_closed(sock: socket.socket) -> bytes:
     return bytes(data)
 
 
-def wire(inputs: dict[str, Any], target: str = "/v2/models/echo/infer", **options: Any) -> bytes:
+def infer_bytes(
+    inputs: dict[str, Any], target: str = "/v2/models/echo/infer", **options: Any
+) -> bytes:
     """A whole request of ``inputs`` to ``target``, binary outputs asked for.
 
     ``options`` go to :func:`binproto.encode_request`.
@@ -256,7 +258,7 @@ def assert_served(port: int) -> None:
     """A normal request on a new connection is answered in full."""
     x = np.arange(1000, dtype=np.int32)
     with connect(port) as sock:
-        sock.sendall(wire({"x": x}))
+        sock.sendall(infer_bytes({"x": x}))
         status, body, _ = read_response(sock, check_closed=False)
     assert status == 200 and body.endswith(x.tobytes()), (status, body[:200])
 

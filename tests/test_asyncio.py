@@ -11,7 +11,6 @@ import logging
 import os
 import re
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -311,14 +310,6 @@ def test_client_round_trip(server: ServerThread, client_loop: str) -> None:
             np.testing.assert_array_equal(out["x"], np.ones(3))
 
     run(main(), client_loop)
-
-
-def test_handler_misuse_is_a_500_and_the_server_goes_on(server: ServerThread) -> None:
-    with pytest.raises(HTTPError) as info:
-        run(_call(server.port, "misuse", {"x": np.zeros(10)}))
-    assert info.value.status == 500
-    assert "tensors() needs every tensor event" in info.value.message
-    assert_served(server.port)
 
 
 def test_client_streams_response_events(server: ServerThread) -> None:
@@ -661,228 +652,6 @@ def _connect(port: int) -> socket.socket:
     return sock
 
 
-def test_one_byte_chunks(server: ServerThread) -> None:
-    x = np.arange(20, dtype=np.int16)
-    wire = _request_bytes({"x": x, "s": np.array([b"\xff"], dtype=object)})
-    with _connect(server.port) as sock:
-        for i in range(len(wire)):
-            sock.sendall(wire[i : i + 1])
-        conn = h11.Connection(h11.CLIENT)
-        conn.send(h11.Request(method="GET", target="/", headers=[("Host", "x")]))
-        conn.send(h11.EndOfMessage())
-        head = None
-        while (ev := conn.next_event()) is h11.NEED_DATA or type(ev) is not h11.Response:
-            conn.receive_data(sock.recv(65536))
-        head = ev
-        data = bytearray()
-        while type(ev := conn.next_event()) is not h11.EndOfMessage:
-            if ev is h11.NEED_DATA:
-                conn.receive_data(sock.recv(65536))
-            elif type(ev) is h11.Data:
-                data += ev.data
-    assert head.status_code == 200
-    hl = int(dict(head.headers)[b"inference-header-content-length"])
-    msg = binproto.decode_response(bytes(data), header_length=hl)
-    np.testing.assert_array_equal(msg.tensors["x"], x)
-    assert list(msg.tensors["s"]) == [b"\xff"]
-
-
-def test_peer_stops_mid_body_and_half_closes(server: ServerThread) -> None:
-    wire = _request_bytes({"x": np.zeros(10000, dtype=np.float32)})
-    with _connect(server.port) as sock:
-        sock.sendall(wire[: len(wire) - 5000])
-        sock.shutdown(socket.SHUT_WR)
-        status, body, closed = _read_response(sock)
-    assert status == 400
-    assert "5000" in json.loads(body)["error"]  # says how much was missing
-    assert closed
-    assert_served(server.port)
-
-
-def test_peer_stalls_mid_body_while_others_are_served(server: ServerThread) -> None:
-    wire = _request_bytes({"x": np.zeros(10000, dtype=np.float32)})
-    with _connect(server.port) as stalled:
-        stalled.sendall(wire[: len(wire) // 2])
-        assert_served(server.port)
-        stalled.close()
-    assert_served(server.port)
-
-
-def test_get_to_infer_keeps_the_connection(server: ServerThread) -> None:
-    """A bodyless GET to the infer endpoint gets 405 and the connection serves on."""
-    x = np.arange(100, dtype=np.int32)
-    conn = h11.Connection(h11.CLIENT)
-
-    def exchange(sock: socket.socket, pieces: list[Any]) -> tuple[h11.Response, bytes]:
-        for piece in pieces:
-            sock.sendall(piece)
-        head: h11.Response | None = None
-        body = bytearray()
-        while True:
-            event = conn.next_event()
-            if event is h11.NEED_DATA:
-                conn.receive_data(sock.recv(65536))
-            elif type(event) is h11.Response:
-                head = event
-            elif type(event) is h11.Data:
-                body += event.data
-            elif type(event) is h11.EndOfMessage:
-                assert head is not None
-                return head, bytes(body)
-
-    with _connect(server.port) as sock:
-        get = request_for("/v2/models/echo/infer", None, method="GET")
-        head, body = exchange(sock, [conn.send(get), conn.send(h11.EndOfMessage())])
-        assert head.status_code == 405 and b"not allowed" in body
-        assert (b"connection", b"close") not in list(head.headers)
-        conn.start_next_cycle()  # h11 agrees: the connection goes on
-        encoded = binproto.encode_request({"x": x}, binary_data_output=True)
-        head, body = exchange(
-            sock, send_message(conn, request_for(get.target.decode(), encoded), encoded)
-        )
-    assert head.status_code == 200
-    hl = binproto.header_length_from(head.headers)
-    np.testing.assert_array_equal(binproto.decode_response(body, header_length=hl).tensors["x"], x)
-
-
-def test_peer_sends_more_than_content_length(server: ServerThread) -> None:
-    x = np.arange(5, dtype=np.int32)
-    wire = _request_bytes({"x": x})
-    with _connect(server.port) as sock:
-        sock.sendall(wire + b"\x00garbage that is no request\r\n\r\n")
-        received = bytearray()
-        while data := sock.recv(65536):  # until the server closes
-            received += data
-    # The declared body was complete and valid; what followed is not a request.
-    statuses = re.findall(rb"HTTP/1.1 (\d{3}) ", bytes(received))
-    assert statuses == [b"200", b"400"]
-    assert_served(server.port)
-
-
-def test_chunked_request_body(server: ServerThread) -> None:
-    x = np.arange(3000, dtype=np.uint16)
-    encoded = binproto.encode_request({"x": x}, binary_data_output=True)
-    body = bytes(encoded)
-    head = (
-        "POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
-        f"Inference-Header-Content-Length: {encoded.header_length}\r\n\r\n"
-    ).encode()
-    wire = bytearray(head)
-    for start in range(0, len(body), 777):
-        piece = body[start : start + 777]
-        wire += b"%x\r\n" % len(piece) + piece + b"\r\n"
-    wire += b"0\r\n\r\n"
-    with _connect(server.port) as sock:
-        sock.sendall(wire)
-        status, payload, _ = _read_response(sock, check_closed=False)
-    assert status == 200
-    assert payload.endswith(x.tobytes())
-
-
-def _responses(data: bytes, count: int) -> list[binproto.DecodedMessage]:
-    """Decode ``count`` V2 responses that follow each other in ``data``."""
-    out = []
-    for _ in range(count):
-        conn = h11.Connection(h11.CLIENT)
-        conn.send(h11.Request(method="GET", target="/", headers=[("Host", "x")]))
-        conn.send(h11.EndOfMessage())
-        conn.receive_data(data)
-        head = conn.next_event()
-        assert type(head) is h11.Response and head.status_code == 200
-        body = bytearray()
-        while type(event := conn.next_event()) is h11.Data:
-            body += event.data
-        assert type(event) is h11.EndOfMessage
-        hl = binproto.header_length_from(head.headers)
-        out.append(binproto.decode_response(bytes(body), header_length=hl))
-        data = conn.trailing_data[0]
-    return out
-
-
-@pytest.mark.parametrize("first_size", [10, 1 << 20])
-def test_pipelined_requests(server: ServerThread, first_size: int) -> None:
-    first = np.arange(first_size, dtype=np.int32)
-    second = np.array([b"\xfe", b"x"], dtype=object)
-    wire = _request_bytes({"a": first}) + _request_bytes({"b": second})
-    with _connect(server.port) as sock:
-        sock.sendall(wire)
-        sock.shutdown(socket.SHUT_WR)
-        received = bytearray()
-        while data := sock.recv(1 << 20):
-            received += data
-    a, b = _responses(bytes(received), 2)
-    np.testing.assert_array_equal(a.tensors["a"], first)
-    assert list(b.tensors["b"]) == list(second)
-
-
-def test_shared_memory_inputs_are_refused(server: ServerThread) -> None:
-    payload = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "x",
-                    "shape": [4],
-                    "datatype": "FP32",
-                    "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 16},
-                }
-            ]
-        }
-    ).encode()
-    head = (
-        f"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(payload)}\r\n\r\n"
-    ).encode()
-    with _connect(server.port) as sock:
-        sock.sendall(head + payload)
-        status, body, _ = _read_response(sock, check_closed=False)
-    assert status == 400
-    assert "shared memory is not supported" in json.loads(body)["error"]
-
-
-def test_body_holds_more_than_the_header_declares(server: ServerThread) -> None:
-    body = binproto.encode_request({"x": np.arange(4, dtype=np.int32)})
-    extra = bytes(body) + b"\x00" * 8
-    head = (
-        "POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n"
-        f"Content-Length: {len(extra)}\r\n"
-        f"Inference-Header-Content-Length: {body.header_length}\r\n\r\n"
-    ).encode()
-    with _connect(server.port) as sock:
-        sock.sendall(head + extra)
-        status, data, _ = _read_response(sock, check_closed=False)
-    assert status == 400
-    assert "additional" in json.loads(data)["error"]
-    assert_served(server.port)
-
-
-@pytest.mark.parametrize(
-    ("raw", "status", "pattern"),
-    [
-        (b"BLAH\r\n\r\n", 400, None),
-        (
-            b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n{bad}",
-            400,
-            "",
-        ),
-        (
-            b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
-            b"Inference-Header-Content-Length: -1\r\n\r\n{}",
-            400,
-            "inference header size",
-        ),
-        (b"GET /v2/nothing HTTP/1.1\r\nHost: x\r\n\r\n", 404, "Not Found"),
-        (b"GET /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n\r\n", 405, "not allowed"),
-    ],
-)
-def test_bad_requests(server: ServerThread, raw: bytes, status: int, pattern: str | None) -> None:
-    with _connect(server.port) as sock:
-        sock.sendall(raw)
-        got, body, _ = _read_response(sock, check_closed=False)
-    assert got == status
-    if pattern is not None:
-        assert re.search(pattern, json.loads(body)["error"])
-    assert_served(server.port)
-
-
 def _socket_buffers_max() -> int:
     """The most one loopback connection's kernel buffers may hold: Linux's
     autotuning maxima for receiving and sending (32 MiB + 4 MiB on some
@@ -932,24 +701,6 @@ def test_server_reads_only_as_fast_as_the_handler_consumes(server: ServerThread)
         status, payload, _ = _read_response(sock, check_closed=False)
     assert status == 200
     assert json.loads(payload)["outputs"][0]["data"] == [x.nbytes]
-
-
-def test_expect_100_continue(server: ServerThread) -> None:
-    x = np.arange(100, dtype=np.float64)
-    body = binproto.encode_request({"x": x}, binary_data_output=True)
-    conn = h11.Connection(h11.CLIENT)
-    head = conn.send(
-        request_for("/v2/models/echo/infer", body, headers=[("Expect", "100-continue")])
-    )
-    assert head is not None
-    with _connect(server.port) as sock:
-        sock.sendall(head)
-        interim = sock.recv(65536)  # sent before any body byte
-        assert interim.startswith(b"HTTP/1.1 100 ")
-        sock.sendall(bytes(body))
-        status, payload, _ = _read_response(sock, check_closed=False)
-    assert status == 200
-    assert payload.endswith(x.tobytes())
 
 
 def test_limits_answer_413() -> None:
@@ -1096,44 +847,6 @@ def test_model_api_is_public_on_every_backend() -> None:
 
     assert aio_adapter.ClientCore is trio_adapter.ClientCore is _client.ClientCore
     assert "ClientCore" in aio_adapter.__all__ and "ClientCore" in trio_adapter.__all__
-
-
-def test_content_length_beside_chunked_is_refused_and_closed(server: ServerThread) -> None:
-    # Read by Content-Length, the chunk's bytes would be a second request.
-    smuggled = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
-    chunk = b"0\r\n\r\n" + smuggled
-    raw = (
-        b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
-        b"Transfer-Encoding: chunked\r\n\r\n" + chunk
-    )
-    with _connect(server.port) as sock:
-        sock.sendall(raw)
-        status, body, closed = _read_response(sock)
-    assert status == 400 and closed
-    assert "both Content-Length and Transfer-Encoding" in json.loads(body)["error"]
-    assert_served(server.port)
-
-
-@pytest.mark.parametrize("expect", [True, False], ids=["expect-100", "plain"])
-def test_a_request_refused_from_its_head_is_answered_at_once(
-    server: ServerThread, expect: bool
-) -> None:
-    # 10 GiB announced to a model that does not exist: the answer comes
-    # without reading (or inviting) the body, and the connection closes.
-    head = (
-        "POST /v2/models/nothing/infer HTTP/1.1\r\nHost: x\r\n"
-        f"Content-Length: {10 << 30}\r\n" + ("Expect: 100-continue\r\n" if expect else "") + "\r\n"
-    ).encode()
-    with _connect(server.port) as sock:
-        sock.sendall(head + b"{")
-        first = sock.recv(65536)
-        assert first.startswith(b"HTTP/1.1 404 "), first[:40]  # no 100 Continue before it
-        rest = first
-        while chunk := sock.recv(65536):  # then the server closes
-            rest += chunk
-    assert b"connection: close" in rest.lower()
-    assert b"Request for unknown model: 'nothing' is not found" in rest
-    assert_served(server.port)
 
 
 def test_timeouts_surface_as_the_builtin_timeout_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1295,30 +1008,6 @@ def test_connect_tries_each_address_in_turn() -> None:
             await close_server(srv)
 
     run(main())
-
-
-def test_a_client_gone_mid_response_is_not_logged_as_a_server_fault(
-    server: ServerThread, caplog: pytest.LogCaptureFixture
-) -> None:
-    x = np.random.default_rng(0).random(4 << 20, dtype=np.float32)  # 16 MiB back
-    body = binproto.encode_request({"x": x}, binary_data_output=True)
-    head = request_for("/v2/models/echo/infer", body, headers=[("Accept-Encoding", "gzip")])
-    wire = b"".join(bytes(p) for p in send_message(h11.Connection(h11.CLIENT), head, body))
-    caplog.set_level(logging.INFO, logger="binproto.server")
-    with _connect(server.port) as sock:
-        sock.sendall(wire)
-        assert sock.recv(1000).startswith(b"HTTP/1.1 200 ")
-        # Reset, not close: the server's next write fails.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not any(
-        "connection lost" in r.getMessage() for r in caplog.records
-    ):
-        time.sleep(0.05)
-    served = [r for r in caplog.records if r.name == "binproto.server"]
-    assert any(r.levelno == logging.INFO and "connection lost" in r.getMessage() for r in served)
-    assert not [r for r in served if r.levelno >= logging.WARNING]
-    assert_served(server.port)
 
 
 @pytest.mark.parametrize("zero_copy", [True, False], ids=["zero_copy", "streams"])

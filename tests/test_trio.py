@@ -1,10 +1,10 @@
-"""The trio adapter over loopback: binproto's trio client against the trio server,
-the real tritonclient (sync and aio) calling the trio server, a 64 MiB tensor,
-adversarial peers, and ``python -m binproto serve --backend trio``."""
+"""The trio adapter over loopback: binproto's trio client against the trio
+server, a 64 MiB tensor, backpressure, trio streams and sockets, and
+``python -m binproto serve --backend trio``. (tritonclient and raw-socket
+peers call every backend: test_app_tritonclient.py, test_app_wire.py.)"""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import http.client
 import importlib.util
@@ -16,7 +16,7 @@ import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -37,9 +37,10 @@ from binproto.adapters._server import (
     echo_model,
 )
 from binproto.adapters.h11 import HTTPError
-from tests.helpers import bytes_tensor, make_body
+from tests.helpers import bytes_tensor
 from tests.interop.samples import DATATYPES, sample, utf8_bytes
 from tests.models import binary_expected, same
+from tests.servers import infer_bytes
 
 MiB = 1 << 20
 Array = np.ndarray[Any, Any]
@@ -90,52 +91,6 @@ def run_trio(
                 nursery.cancel_scope.cancel()
 
     trio.run(main)
-
-
-@contextlib.contextmanager
-def server_thread(**options: Any) -> Iterator[int]:
-    """A trio server in a background thread (its own trio.run); yields its port."""
-    ready = threading.Event()
-    state: dict[str, Any] = {}
-
-    def on_ready(port: int) -> None:
-        state["port"] = port
-        ready.set()
-
-    async def main() -> None:
-        with trio.CancelScope() as scope:
-            state["scope"] = scope
-            state["token"] = trio.lowlevel.current_trio_token()
-            await bt.serve(app(), ready=on_ready, **options)
-
-    def run() -> None:
-        try:
-            trio.run(main)
-        except BaseException as exc:
-            state["error"] = exc
-            ready.set()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    assert ready.wait(10), "the trio server did not start"
-    if "error" in state:
-        raise state["error"]
-    try:
-        yield state["port"]
-    finally:
-        state["token"].run_sync_soon(state["scope"].cancel)
-        thread.join(10)
-        assert not thread.is_alive()
-        assert "error" not in state, state.get("error")
-
-
-@pytest.fixture(scope="module")
-def port() -> Iterator[int]:
-    with server_thread(timeout=10) as p:
-        yield p
-
-
-# -- comparing arrays -----------------------------------------------------------------
 
 
 # -- binproto's trio client against the trio server -----------------------------------
@@ -356,174 +311,6 @@ def test_64mib_tensor_through_the_trio_server_and_client() -> None:
         assert int(got["in_place"][0]) >= x.nbytes - HEAD_READ  # (one read with the head)
 
     run_trio(test, timeout=60)
-
-
-# -- the real tritonclient calling the trio server ------------------------------------
-
-
-# -- adversarial peers ----------------------------------------------------------------
-
-
-def request_bytes(body: bytes, headers: dict[str, str], *, close: bool = True) -> bytes:
-    """A raw infer request for the echo model (``Connection: close`` unless not ``close``)."""
-    lines = ["POST /v2/models/echo/infer HTTP/1.1", "Host: test"]
-    lines += [f"{k}: {v}" for k, v in headers.items()]
-    if close:
-        lines.append("Connection: close")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
-
-
-def valid_request(*, close: bool = True) -> tuple[bytes, Array]:
-    x = np.arange(6, dtype=np.int32)
-    body = binproto.encode_request({"x": x}, binary_data_output=True)
-    return request_bytes(bytes(body), dict(body.headers), close=close), x
-
-
-def read_all(sock: socket.socket) -> bytes:
-    """Everything until the server closes (a 10 s bound on each wait)."""
-    sock.settimeout(10)
-    out = bytearray()
-    while True:
-        try:
-            data = sock.recv(65536)
-        except ConnectionResetError:
-            break
-        if not data:
-            break
-        out += data
-    return bytes(out)
-
-
-def responses(data: bytes) -> list[tuple[int, dict[str, str], bytes]]:
-    """The Content-Length framed responses in ``data``: (status, headers, body)."""
-    out = []
-    while data:
-        head, sep, rest = data.partition(b"\r\n\r\n")
-        assert sep, data
-        status_line, *header_lines = head.decode("latin-1").split("\r\n")
-        headers = {k.lower(): v.strip() for k, _, v in (h.partition(":") for h in header_lines)}
-        n = int(headers["content-length"])
-        out.append((int(status_line.split()[1]), headers, rest[:n]))
-        data = rest[n:]
-    return out
-
-
-def connect(port: int) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
-
-
-def assert_still_serving(port: int) -> None:
-    client = triton_http.InferenceServerClient(f"127.0.0.1:{port}")
-    try:
-        inp = triton_http.InferInput("x", [3], "INT32")
-        arr = np.array([1, 2, 3], dtype=np.int32)
-        inp.set_data_from_numpy(arr)
-        assert same(client.infer("echo", [inp]).as_numpy("x"), arr)
-    finally:
-        client.close()
-
-
-def check_echo(data: bytes, x: Array) -> None:
-    [(status, headers, body)] = responses(data)
-    assert status == 200
-    length = binproto.header_length_from(list(headers.items()), content_length=len(body))
-    decoded = binproto.decode_response(body, header_length=length)
-    assert same(decoded.tensors["x"], x)
-
-
-def test_peer_sending_one_byte_at_a_time(port: int) -> None:
-    data, x = valid_request()
-    with connect(port) as sock:
-        for i in range(len(data)):
-            sock.sendall(data[i : i + 1])
-        check_echo(read_all(sock), x)
-    assert_still_serving(port)
-
-
-def test_peer_stopping_mid_body_gets_400_or_a_close(port: int) -> None:
-    data, _ = valid_request()
-    with connect(port) as sock:
-        sock.sendall(data[: len(data) - 10])
-        sock.shutdown(socket.SHUT_WR)
-        answer = read_all(sock)
-    # The server answers before closing: the body ended early.
-    [(status, headers, body)] = responses(answer)
-    assert status == 400 and "missing" in json.loads(body)["error"]
-    assert headers["connection"] == "close"
-    assert_still_serving(port)
-
-
-def test_a_peer_stalled_mid_body_does_not_block_others(port: int) -> None:
-    data, _ = valid_request()
-    with connect(port) as stalled:
-        stalled.sendall(data[: len(data) - 10])
-        assert_still_serving(port)  # while the first one waits mid-body
-        stalled.close()
-    assert_still_serving(port)
-
-
-def test_peer_sending_more_than_its_content_length(port: int) -> None:
-    data, x = valid_request(close=False)
-    with connect(port) as sock:
-        sock.sendall(data + b"GARBAGE THAT IS NOT HTTP\r\n\r\n")
-        answer = read_all(sock)
-    # The declared request is answered; what follows is not HTTP: 400, then close.
-    first, *rest = responses(answer)
-    assert first[0] == 200
-    length = binproto.header_length_from(list(first[1].items()), content_length=len(first[2]))
-    assert same(binproto.decode_response(first[2], header_length=length).tensors["x"], x)
-    assert [r[0] for r in rest] == [400]
-    assert "illegal request line" in json.loads(rest[0][2])["error"]
-    assert_still_serving(port)
-
-
-def test_body_with_more_bytes_than_its_tensors_declare(port: int) -> None:
-    header = {
-        "inputs": [
-            {"name": "x", "shape": [2], "datatype": "FP32", "parameters": {"binary_data_size": 8}}
-        ]
-    }
-    body, hl = make_body(header, b"\0" * 8, b"extra")
-    headers = {"Inference-Header-Content-Length": str(hl), "Content-Length": str(len(body))}
-    with connect(port) as sock:
-        sock.sendall(request_bytes(body, headers))
-        [(status, _, payload)] = responses(read_all(sock))
-    assert status == 400 and "additional input data" in json.loads(payload)["error"]
-    assert_still_serving(port)
-
-
-@pytest.mark.parametrize(
-    ("body", "headers", "status", "message"),
-    [
-        (b"{not json", {}, 400, ""),
-        (b"{}", {"Inference-Header-Content-Length": "10"}, 400, ""),
-        (b"{}", {"Content-Encoding": "br"}, 415, "br"),
-    ],
-)
-def test_malformed_bodies_get_v2_errors(
-    port: int, body: bytes, headers: dict[str, str], status: int, message: str
-) -> None:
-    with connect(port) as sock:
-        sock.sendall(request_bytes(body, {**headers, "Content-Length": str(len(body))}))
-        [(got, _, payload)] = responses(read_all(sock))
-    assert got == status
-    assert message in json.loads(payload)["error"]
-
-
-def test_short_binary_tensor_gets_the_size_in_the_error(port: int) -> None:
-    header = {
-        "inputs": [
-            {"name": "x", "shape": [4], "datatype": "FP32", "parameters": {"binary_data_size": 16}}
-        ]
-    }
-    body, hl = make_body(header, b"\0" * 12)
-    headers = {"Inference-Header-Content-Length": str(hl), "Content-Length": str(len(body))}
-    with connect(port) as sock:
-        sock.sendall(request_bytes(body, headers))
-        [(status, _, payload)] = responses(read_all(sock))
-    assert status == 400 and "16 bytes of binary data" in json.loads(payload)["error"]
 
 
 # -- the serve command ----------------------------------------------------------------
@@ -770,25 +557,6 @@ def test_server_with_compression_off_never_compresses() -> None:
     trio.run(main)
 
 
-def test_compressed_response_to_an_http_1_0_peer_ends_with_the_connection(port: int) -> None:
-    x = np.arange(1000, dtype=np.int32)
-    body = binproto.encode_request({"x": x}, binary_data_output=True)
-    head = ["POST /v2/models/echo/infer HTTP/1.0", "Accept-Encoding: gzip"]
-    head += [f"{k}: {v}" for k, v in body.headers]
-    with connect(port) as sock:
-        sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + bytes(body))
-        data = read_all(sock)  # the body ends when the server closes
-    head_bytes, _, payload = data.partition(b"\r\n\r\n")
-    lines = head_bytes.decode("latin-1").split("\r\n")
-    headers = {k.lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])}
-    assert lines[0].split()[1] == "200"
-    assert headers["content-encoding"] == "gzip"
-    assert "content-length" not in headers and "transfer-encoding" not in headers
-    hl = int(headers["inference-header-content-length"])
-    decoded = binproto.decode_response(payload, header_length=hl, content_encoding="gzip")
-    assert same(decoded.tensors["x"], x)
-
-
 # -- the client after a server's Connection: close --------------------------------------
 
 
@@ -832,8 +600,7 @@ def test_get_reconnects_after_connection_close() -> None:
 def test_a_peer_stalled_mid_body_gets_408() -> None:
     """A stream timeout is a TimeoutError, answered with 408 as on asyncio (not 500)."""
     x = np.zeros(1000, dtype=np.float32)
-    body = binproto.encode_request({"x": x})
-    wire = request_bytes(bytes(body), dict(body.headers), close=False)
+    wire = infer_bytes({"x": x})
 
     async def main() -> bytes:
         async with trio.open_nursery() as nursery:
