@@ -13,9 +13,9 @@ if sys.platform != "win32":
     import fcntl
 
 try:
-    from .servers import ALL_BACKENDS, BACKENDS
+    from .servers import ALL_BACKENDS, ASYNCIO_BACKENDS, BACKENDS
 except ImportError:  # (the h11 extra missing: no server to run)
-    ALL_BACKENDS = BACKENDS = []
+    ALL_BACKENDS = ASYNCIO_BACKENDS = BACKENDS = []
 
 
 @pytest.fixture(scope="module", params=ALL_BACKENDS)
@@ -33,6 +33,15 @@ def http_backend(request: pytest.FixtureRequest) -> str:
     """Each of binproto's own HTTP/1.1 servers (tests/servers.py's BACKENDS).
 
     For what their HTTP loops do themselves (timeouts, framing, buffers).
+    """
+    return str(request.param)
+
+
+@pytest.fixture(scope="module", params=ASYNCIO_BACKENDS)
+def asyncio_backend(request: pytest.FixtureRequest) -> str:
+    """The asyncio server in place, through streams, and on uvloop.
+
+    For the asyncio adapter's own transports (tests/test_asyncio.py).
     """
     return str(request.param)
 

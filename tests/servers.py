@@ -27,6 +27,7 @@ from binproto.adapters.h11 import request_for, send_message
 
 __all__ = [
     "ALL_BACKENDS",
+    "ASYNCIO_BACKENDS",
     "BACKENDS",
     "Running",
     "answering_pids",
@@ -171,6 +172,8 @@ BACKENDS = ["asyncio", "asyncio-streams", "trio"]
 #: Every way to serve the V2 application: also asyncio on uvloop, and
 #: V2App under uvicorn. For what the application answers.
 ALL_BACKENDS = ["asyncio", "asyncio-streams", "uvloop", "trio", "uvicorn"]
+#: The asyncio server's transports and loops: for the asyncio adapter's own work.
+ASYNCIO_BACKENDS = ["asyncio", "asyncio-streams", "uvloop"]
 
 
 def serving(backend: str, app: V2Server, **options: Any) -> Iterator[Running]:

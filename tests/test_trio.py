@@ -6,14 +6,12 @@ peers call every backend: test_app_tritonclient.py, test_app_wire.py.)"""
 from __future__ import annotations
 
 import functools
-import http.client
 import importlib.util
 import json
 import os
 import pathlib
 import socket
 import struct
-import subprocess
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Sequence
@@ -311,33 +309,6 @@ def test_64mib_tensor_through_the_trio_server_and_client() -> None:
         assert int(got["in_place"][0]) >= x.nbytes - HEAD_READ  # (one read with the head)
 
     run_trio(test, timeout=60)
-
-
-# -- the serve command ----------------------------------------------------------------
-
-
-def test_serve_command_with_the_trio_backend() -> None:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "binproto", "serve", "--backend", "trio", "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("binproto: serving V2 on http://127.0.0.1:"), line
-        served_port = int(line.rsplit(":", 1)[1].strip())
-        conn = http.client.HTTPConnection("127.0.0.1", served_port, timeout=10)
-        conn.request("GET", "/v2/health/ready")
-        response = conn.getresponse()
-        assert response.status == 200 and response.read() == b'{"ready": true}'
-        conn.close()
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 # -- the example server ---------------------------------------------------------------

@@ -1,0 +1,174 @@
+"""A scripted HTTP/1.1 server for client tests: it answers as told, right or wrong.
+
+:class:`ScriptedServer` listens on loopback in a thread, so asyncio and
+trio clients can both call it. Each request it reads takes the next entry
+of its script. An entry is one step or a list of steps:
+
+| step | does |
+|---|---|
+| ``bytes`` | sends them as they are |
+| a callable | sends what it returns for the request's ``(head, body)`` |
+| a ``float`` | waits that many seconds |
+| ``"close"`` | closes the connection |
+| ``"reset"`` | resets the connection (a zero linger time) |
+
+With the script used up, ``otherwise`` answers, or the connection closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import binproto
+
+__all__ = ["ScriptedServer", "Step", "echo_answer", "ok_answer"]
+
+Step = bytes | str | float | Callable[[bytes, bytes], bytes]
+
+
+class ScriptedServer:
+    """A scripted server on a free loopback port; a context manager.
+
+    ``read_body`` False leaves request bodies unread (a server that answers
+    from the head). ``heads`` and ``bodies`` keep what it read, in order.
+    """
+
+    def __init__(
+        self,
+        script: Sequence[Step | Sequence[Step]] = (),
+        *,
+        otherwise: Step | Sequence[Step] | None = None,
+        read_body: bool = True,
+    ) -> None:
+        self.script = list(script)
+        self.otherwise = otherwise
+        self.read_body = read_body
+        self.heads: list[bytes] = []
+        self.bodies: list[bytes] = []
+        self.connections = 0
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._threads: list[threading.Thread] = []
+        self._accepting = threading.Thread(target=self._accept, daemon=True)
+        self._accepting.start()
+
+    def __enter__(self) -> ScriptedServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop listening and wait for the connections' threads."""
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        self._accepting.join(10)
+        for thread in list(self._threads):
+            thread.join(10)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                self.connections += 1
+            thread = threading.Thread(target=self._serve, args=(sock,), daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _next(self) -> Sequence[Step]:
+        with self._lock:
+            entry = self.script.pop(0) if self.script else self.otherwise
+        if entry is None:
+            return ["close"]
+        if isinstance(entry, (bytes, str, float)) or callable(entry):
+            return [entry]
+        return entry
+
+    def _serve(self, sock: socket.socket) -> None:
+        sock.settimeout(10)
+        pending = b""
+        try:
+            while True:
+                while b"\r\n\r\n" not in pending:
+                    data = sock.recv(65536)
+                    if not data:
+                        return
+                    pending += data
+                head, _, pending = pending.partition(b"\r\n\r\n")
+                head += b"\r\n\r\n"
+                body = b""
+                if self.read_body:
+                    length = _content_length(head)
+                    while len(pending) < length:
+                        data = sock.recv(65536)
+                        if not data:
+                            return
+                        pending += data
+                    body, pending = pending[:length], pending[length:]
+                with self._lock:
+                    self.heads.append(head)
+                    self.bodies.append(body)
+                if not self._do(sock, self._next(), head, body):
+                    return
+        except OSError:
+            return
+        finally:
+            sock.close()
+
+    def _do(self, sock: socket.socket, steps: Sequence[Step], head: bytes, body: bytes) -> bool:
+        """Run ``steps``; False once the connection is closed."""
+        for step in steps:
+            if step == "close":
+                return False
+            if step == "reset":
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                return False
+            if isinstance(step, float):
+                threading.Event().wait(step)
+            elif isinstance(step, bytes):
+                sock.sendall(step)
+            elif callable(step):
+                sock.sendall(step(head, body))
+        return True
+
+
+def _content_length(head: bytes) -> int:
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    return 0
+
+
+def ok_answer(payload: bytes = b"", *, close: bool = False, status: str = "200 OK") -> bytes:
+    """An HTTP/1.1 answer with ``payload`` as its body (JSON, when any)."""
+    head = f"HTTP/1.1 {status}\r\nContent-Length: {len(payload)}\r\n"
+    if payload:
+        head += "Content-Type: application/json\r\n"
+    if close:
+        head += "Connection: close\r\n"
+    return head.encode() + b"\r\n" + payload
+
+
+def echo_answer(head: bytes, body: bytes, **headers: Any) -> bytes:
+    """The echo model's answer to a request (``head``, ``body``), binary outputs."""
+    hl = None
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"inference-header-content-length":
+            hl = int(value)
+    request = binproto.decode_request(body, header_length=hl)
+    encoded = binproto.encode_response(request.tensors, model_name="echo", request=request.header)
+    lines = ["HTTP/1.1 200 OK", *(f"{k}: {v}" for k, v in encoded.headers)]
+    lines += [f"{k.replace('_', '-')}: {v}" for k, v in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + bytes(encoded)
