@@ -1,5 +1,8 @@
-"""A scripted HTTP/1.1 server for client tests: it answers as told, right or wrong.
+"""Fakes for tests: a scripted HTTP/1.1 server and an ASGI ``send`` recorder.
 
+:class:`AsgiRecorder` is an ASGI ``send`` callable that keeps the messages.
+
+A scripted server answers client tests as told, right or wrong.
 :class:`ScriptedServer` listens on loopback in a thread, so asyncio and
 trio clients can both call it. Each request it reads takes the next entry
 of its script. An entry is one step or a list of steps:
@@ -21,12 +24,12 @@ import contextlib
 import socket
 import struct
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any
 
 import binproto
 
-__all__ = ["ScriptedServer", "Step", "echo_answer", "ok_answer"]
+__all__ = ["AsgiRecorder", "ScriptedServer", "Step", "echo_answer", "ok_answer"]
 
 Step = bytes | str | float | Callable[[bytes, bytes], bytes]
 
@@ -172,3 +175,24 @@ def echo_answer(head: bytes, body: bytes, **headers: Any) -> bytes:
     lines = ["HTTP/1.1 200 OK", *(f"{k}: {v}" for k, v in encoded.headers)]
     lines += [f"{k.replace('_', '-')}: {v}" for k, v in headers.items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + bytes(encoded)
+
+
+class AsgiRecorder:
+    """An ASGI send callable that keeps every message."""
+
+    def __init__(self) -> None:
+        self.messages: list[MutableMapping[str, Any]] = []
+
+    async def __call__(self, message: MutableMapping[str, Any]) -> None:
+        self.messages.append(message)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {k.decode(): v.decode() for k, v in self.messages[0]["headers"]}
+
+    @property
+    def bodies(self) -> list[Any]:
+        return [m["body"] for m in self.messages[1:]]
+
+    def body(self) -> bytes:
+        return b"".join(bytes(b) for b in self.bodies)
