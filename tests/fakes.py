@@ -58,6 +58,7 @@ class ScriptedServer:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
         self._threads: list[threading.Thread] = []
+        self._open: set[socket.socket] = set()
         self._accepting = threading.Thread(target=self._accept, daemon=True)
         self._accepting.start()
 
@@ -73,6 +74,10 @@ class ScriptedServer:
             self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         self._accepting.join(10)
+        with self._lock:  # (a client may keep its connection open: end it)
+            for sock in self._open:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
         for thread in list(self._threads):
             thread.join(10)
 
@@ -84,6 +89,7 @@ class ScriptedServer:
                 return
             with self._lock:
                 self.connections += 1
+                self._open.add(sock)
             thread = threading.Thread(target=self._serve, args=(sock,), daemon=True)
             self._threads.append(thread)
             thread.start()
@@ -126,6 +132,8 @@ class ScriptedServer:
         except OSError:
             return
         finally:
+            with self._lock:
+                self._open.discard(sock)
             sock.close()
 
     def _do(self, sock: socket.socket, steps: Sequence[Step], head: bytes, body: bytes) -> bool:

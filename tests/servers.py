@@ -9,7 +9,7 @@ import contextlib
 import functools
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ __all__ = [
     "request_bytes",
     "running",
     "serving",
+    "serving_here",
     "until_closed",
 ]
 
@@ -190,6 +191,19 @@ def serving(backend: str, app: V2Server, **options: Any) -> Iterator[Running]:
 
 #: ``with running(backend, app) as server:`` in a test body.
 running = contextlib.contextmanager(serving)
+
+
+@contextlib.asynccontextmanager
+async def serving_here(server: V2Server) -> AsyncIterator[int]:
+    """``server`` on the running event loop (asyncio, in place); yields its port.
+
+    For a client test on the same loop: no thread.
+    """
+    srv = await ba.start_server(server, "127.0.0.1", 0)
+    try:
+        yield srv.sockets[0].getsockname()[1]
+    finally:
+        await ba.close_server(srv)
 
 
 def connect(port: int) -> socket.socket:

@@ -13,7 +13,6 @@ import pathlib
 import socket
 import struct
 import sys
-import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -35,6 +34,7 @@ from binproto.adapters._server import (
     echo_model,
 )
 from binproto.adapters.h11 import HTTPError
+from tests.fakes import ScriptedServer, Step, ok_answer
 from tests.helpers import bytes_tensor
 from tests.interop.samples import DATATYPES, sample, utf8_bytes
 from tests.models import binary_expected, same
@@ -531,25 +531,12 @@ def test_server_with_compression_off_never_compresses() -> None:
 # -- the client after a server's Connection: close --------------------------------------
 
 
-def closing_get_server(listener: socket.socket, count: int) -> None:
-    """Answer ``count`` connections with one GET response each, saying Connection: close."""
-    for i in range(count):
-        sock, _ = listener.accept()
-        with sock:
-            sock.settimeout(10)
-            data = b""
-            while b"\r\n\r\n" not in data:
-                data += sock.recv(65536)
-            payload = json.dumps({"connection": i}).encode()
-            head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
-            sock.sendall(head.encode() + payload)
-
-
 def test_get_reconnects_after_connection_close() -> None:
-    listener = socket.create_server(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-    thread = threading.Thread(target=closing_get_server, args=(listener, 3), daemon=True)
-    thread.start()
+    script: list[list[Step]] = [
+        [ok_answer(b'{"connection": %d}' % i, close=True), "close"] for i in range(3)
+    ]
+    fake = ScriptedServer(script)
+    port = fake.port
     bodies: list[Any] = []
 
     async def main() -> None:
@@ -557,11 +544,8 @@ def test_get_reconnects_after_connection_close() -> None:
             for _ in range(3):
                 bodies.append(json.loads((await c.get("/v2"))[1]))
 
-    try:
+    with fake:
         trio.run(main)
-    finally:
-        thread.join(10)
-        listener.close()
     assert bodies == [{"connection": i} for i in range(3)]  # one connection each
 
 
