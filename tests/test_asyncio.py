@@ -237,6 +237,7 @@ def test_serve_ends_its_connections_when_cancelled() -> None:
     run(main())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("zero_copy", [True, False], ids=["zero_copy", "streams"])
 def test_server_timeout_gives_up_on_a_peer_that_stops_reading(zero_copy: bool) -> None:
     x = np.zeros(16 << 20, dtype=np.float32)  # 64 MiB back: more than socket buffers hold

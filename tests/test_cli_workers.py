@@ -160,6 +160,7 @@ def test_a_factory_of_models_is_served_and_an_unmade_output_is_400(how: tuple[st
         served.proc.wait(5)
 
 
+@pytest.mark.slow
 def test_uvicorn_workers_serve_and_stop_on_sigterm() -> None:
     pytest.importorskip("uvicorn")
     with serving("tests.cli_models:MODELS", "--uvicorn", "--workers", "2") as served:

@@ -222,6 +222,7 @@ def test_a_slow_body_that_keeps_moving_is_read(backend: str) -> None:
     assert x.tobytes() in received
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_peer_that_stops_reading_is_closed_after_the_write_stall(backend: str) -> None:
     x = np.zeros(16 << 20, dtype=np.float32)  # 64 MiB back: more than socket buffers hold
