@@ -21,7 +21,7 @@ import pytest
 
 from binproto.adapters._server import InferenceError, InferRequest, Model, V2Server
 
-from .servers import BACKENDS, connect, running, until_closed
+from .servers import connect, running, until_closed
 
 #: Measures memory or latency: no other test may run beside it.
 pytestmark = pytest.mark.serial
@@ -58,10 +58,10 @@ MODELS = [
 ]
 
 
-@pytest.fixture(params=BACKENDS)
-def port(request: pytest.FixtureRequest) -> Iterator[int]:
+@pytest.fixture
+def port(http_backend: str) -> Iterator[int]:
     app = V2Server(MODELS)
-    with running(request.param, app) as server:
+    with running(http_backend, app) as server:
         yield server.port
 
 
@@ -132,8 +132,7 @@ async def _answer_big(request: InferRequest) -> Any:
     return {"x": output}
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_a_response_nobody_reads_is_freed_after_the_write_stall(backend: str) -> None:
+def test_a_response_nobody_reads_is_freed_after_the_write_stall(http_backend: str) -> None:
     import h11
 
     import binproto
@@ -151,7 +150,7 @@ def test_a_response_nobody_reads_is_freed_after_the_write_stall(backend: str) ->
     )
     gc.disable()
     try:
-        with running(backend, app) as server, connect(server.port) as sock:
+        with running(http_backend, app) as server, connect(server.port) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
             sock.sendall(wire)  # and never reads: the server gives up on it
             deadline = time.monotonic() + 5

@@ -25,7 +25,7 @@ from binproto.adapters._server import Model, Timeouts, V2Server
 from binproto.adapters.h11 import request_for, send_message
 
 from .helpers import Scripted, ScriptedInPlace
-from .servers import BACKENDS, Running, connect, running, until_closed
+from .servers import Running, connect, running, until_closed
 
 
 def _served(
@@ -80,10 +80,9 @@ def test_a_client_timeout_must_be_positive_seconds_or_none(backend: str, bad: An
     assert Timeouts(keep_alive=np.float64(5.0)).keep_alive == 5.0  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_an_idle_connection_is_closed_after_keep_alive(backend: str) -> None:
+def test_an_idle_connection_is_closed_after_keep_alive(http_backend: str) -> None:
     # (1 s: time enough for this side to send its request after connecting)
-    with _served(backend, Timeouts(keep_alive=1)) as server:
+    with _served(http_backend, Timeouts(keep_alive=1)) as server:
         with connect(server.port) as sock:  # never sends a byte
             start = time.monotonic()
             assert until_closed(sock) == b""
@@ -96,14 +95,13 @@ def test_an_idle_connection_is_closed_after_keep_alive(backend: str) -> None:
             assert time.monotonic() - start < 3
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_a_short_keep_alive_after_a_long_body_wait_still_closes_in_time(backend: str) -> None:
+def test_a_short_keep_alive_after_a_long_body_wait_still_closes_in_time(http_backend: str) -> None:
     # The body is waited for under its 30 s bound, then the connection idles
     # under a 0.2 s one: the earlier deadline counts (asyncio keeps one timer
     # per connection, moved only when it fires, so it must be moved sooner).
     wire = _request(np.arange(4000, dtype=np.float32))
     with running(
-        backend, V2Server(timeouts=Timeouts(keep_alive=0.2, head=30, body=30, write=30))
+        http_backend, V2Server(timeouts=Timeouts(keep_alive=0.2, head=30, body=30, write=30))
     ) as server:
         with connect(server.port) as sock:
             sock.sendall(wire[:-100])
@@ -115,13 +113,12 @@ def test_a_short_keep_alive_after_a_long_body_wait_still_closes_in_time(backend:
             assert time.monotonic() - start < 3
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_a_dripped_head_is_cut_at_its_deadline(backend: str) -> None:
+def test_a_dripped_head_is_cut_at_its_deadline(http_backend: str) -> None:
     # Each byte comes well within every per-read bound: only a deadline on
     # the whole head cuts it.
     head = b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: a\r\n" * 100
     with running(
-        backend, V2Server(timeouts=Timeouts(keep_alive=1, head=0.6, body=1, write=1))
+        http_backend, V2Server(timeouts=Timeouts(keep_alive=1, head=0.6, body=1, write=1))
     ) as server:
         with connect(server.port) as sock:
             start = time.monotonic()
@@ -138,14 +135,13 @@ def test_a_dripped_head_is_cut_at_its_deadline(backend: str) -> None:
     assert elapsed < 3
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_a_stalled_body_is_answered_408(backend: str) -> None:
+def test_a_stalled_body_is_answered_408(http_backend: str) -> None:
     # The echo model's handler is waiting for the tensors when the body
     # stalls: answered after one body timeout, not a second one (the rest of
     # the body is not waited for again).
     wire = _request(np.zeros(1000, dtype=np.float32))
     with running(
-        backend, V2Server(timeouts=Timeouts(keep_alive=5, head=5, body=0.5, write=5))
+        http_backend, V2Server(timeouts=Timeouts(keep_alive=5, head=5, body=0.5, write=5))
     ) as server:
         with connect(server.port) as sock:
             start = time.monotonic()  # (before the bytes: the wait cannot start earlier)
@@ -202,15 +198,14 @@ def test_no_head_timeout_leaves_a_begun_head_unbounded() -> None:
     assert stream.waits == [None]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_a_slow_body_that_keeps_moving_is_read(backend: str) -> None:
+def test_a_slow_body_that_keeps_moving_is_read(http_backend: str) -> None:
     # 16 pieces 0.15 s apart: 2.25 s in all, well past the 1 s bound, but
     # never 1 s without progress (a margin for a machine that pauses).
     x = np.arange(4000, dtype=np.float32)
     wire = _request(x)
     step = -(-len(wire) // 16)
     with running(
-        backend, V2Server(timeouts=Timeouts(keep_alive=5, head=5, body=1, write=5))
+        http_backend, V2Server(timeouts=Timeouts(keep_alive=5, head=5, body=1, write=5))
     ) as server:
         with connect(server.port) as sock:
             for i in range(0, len(wire), step):
@@ -223,11 +218,10 @@ def test_a_slow_body_that_keeps_moving_is_read(backend: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_a_peer_that_stops_reading_is_closed_after_the_write_stall(backend: str) -> None:
+def test_a_peer_that_stops_reading_is_closed_after_the_write_stall(http_backend: str) -> None:
     x = np.zeros(16 << 20, dtype=np.float32)  # 64 MiB back: more than socket buffers hold
     with running(
-        backend, V2Server(timeouts=Timeouts(keep_alive=5, head=5, body=5, write=0.3))
+        http_backend, V2Server(timeouts=Timeouts(keep_alive=5, head=5, body=5, write=0.3))
     ) as server:
         with connect(server.port) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
@@ -250,13 +244,12 @@ def _established_at(port: int) -> int:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads Linux's socket table")
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_a_peer_that_never_reads_again_is_dropped_after_the_write_stall(backend: str) -> None:
+def test_a_peer_that_never_reads_again_is_dropped_after_the_write_stall(http_backend: str) -> None:
     # Closing gracefully would wait, without end, for the peer to take what
     # is buffered: the write timeout must end the connection all the same.
     x = np.zeros(16 << 20, dtype=np.float32)
     with running(
-        backend, V2Server(timeouts=Timeouts(keep_alive=5, head=5, body=5, write=0.3))
+        http_backend, V2Server(timeouts=Timeouts(keep_alive=5, head=5, body=5, write=0.3))
     ) as server:
         with connect(server.port) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
@@ -268,14 +261,13 @@ def test_a_peer_that_never_reads_again_is_dropped_after_the_write_stall(backend:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads Linux's socket table")
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_a_stalled_reader_is_dropped_after_one_write_timeout_not_two(backend: str) -> None:
+def test_a_stalled_reader_is_dropped_after_one_write_timeout_not_two(http_backend: str) -> None:
     # The close after a write stall once waited the write timeout again for
     # the peer to take what was buffered: a stalled reader held on for 2x.
     write = 1.5
     x = np.zeros(16 << 20, dtype=np.float32)
     with running(
-        backend, V2Server(timeouts=Timeouts(keep_alive=30, head=30, body=30, write=write))
+        http_backend, V2Server(timeouts=Timeouts(keep_alive=30, head=30, body=30, write=write))
     ) as server:
         with connect(server.port) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
@@ -287,10 +279,9 @@ def test_a_stalled_reader_is_dropped_after_one_write_timeout_not_two(backend: st
     assert held < 1.6 * write, f"dropped after {held:.2f} s, the write timeout is {write} s"
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_the_timeout_option_bounds_every_phase(backend: str) -> None:
+def test_the_timeout_option_bounds_every_phase(http_backend: str) -> None:
     # start_server / serve(timeout=...) overrides the server's timeouts.
-    with _served(backend, Timeouts(keep_alive=60), timeout=0.2) as server:
+    with _served(http_backend, Timeouts(keep_alive=60), timeout=0.2) as server:
         with connect(server.port) as sock:
             start = time.monotonic()
             assert until_closed(sock) == b""
@@ -347,13 +338,12 @@ def test_the_docs_table_matches_the_defaults_and_flags() -> None:
         assert getattr(args, flag.replace("-", "_")) == float(default)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_a_pipelined_head_that_stalls_is_cut_at_its_deadline(backend: str) -> None:
+def test_a_pipelined_head_that_stalls_is_cut_at_its_deadline(http_backend: str) -> None:
     # The next request's head began with the previous request's bytes: its
     # deadline runs from then, not the keep-alive wait.
     partial = b"GET /v2/health/live HTTP/1.1\r\nHost:"
     with running(
-        backend, V2Server(timeouts=Timeouts(keep_alive=30, head=0.5, body=5, write=5))
+        http_backend, V2Server(timeouts=Timeouts(keep_alive=30, head=0.5, body=5, write=5))
     ) as server:
         with connect(server.port) as sock:
             start = time.monotonic()
