@@ -5,7 +5,6 @@ response leaves behind. Run through the asyncio client, both transports."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import gzip
 import os
@@ -357,37 +356,19 @@ def test_bytes_the_server_sent_unasked_are_not_taken_for_the_next_answer(
         )
     stray, stray_hl = _response({"y": np.full(size, 7, dtype=np.float32)})
     bad = head % (stray_hl, len(stray)) + stray
-    connections = 0
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal connections
-        connections += 1
-        first = connections == 1
-        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
-            while True:
-                request_head = await reader.readuntil(b"\r\n\r\n")
-                for line in request_head.split(b"\r\n"):
-                    if line.lower().startswith(b"content-length:"):
-                        await reader.readexactly(int(line.split(b":")[1]))
-                writer.write(good + bad if first else good)
-                await writer.drain()
-        writer.close()
+    # The first answer comes with the stray one behind it; then good ones.
+    fake = ScriptedServer([good + bad], otherwise=good)
 
     async def main() -> None:
-        srv = await asyncio.start_server(serve, "127.0.0.1", 0)
-        port = srv.sockets[0].getsockname()[1]
-        try:
-            async with Client("127.0.0.1", port, zero_copy=zero_copy) as c:
-                for _ in range(2):
-                    out = await c.infer("m", {"x": X})
-                    assert np.array_equal(out["y"], np.arange(size, dtype=np.float32))
-                    await asyncio.sleep(0.1)  # (the stray bytes arrive)
-        finally:
-            srv.close()
-            await srv.wait_closed()
-        assert connections == 2
+        async with Client("127.0.0.1", fake.port, zero_copy=zero_copy) as c:
+            for _ in range(2):
+                out = await c.infer("m", {"x": X})
+                assert np.array_equal(out["y"], np.arange(size, dtype=np.float32))
+                await asyncio.sleep(0.1)  # (the stray bytes arrive)
 
-    _run(main)
+    with fake:
+        _run(main)
+    assert fake.connections == 2
 
 
 @pytest.mark.parametrize("zero_copy", [True, False])

@@ -26,7 +26,7 @@ from binproto.adapters._server import Timeouts, V2Server
 from binproto.adapters.asyncio import Client, close_server, start_server
 from binproto.adapters.h11 import HTTPError
 
-from .fakes import ScriptedServer
+from .fakes import ScriptedServer, ok_answer
 from .servers import running, serving_here
 
 X = np.arange(6, dtype=np.float32)
@@ -180,23 +180,13 @@ def test_idle_connections_past_their_expiry_are_closed() -> None:
 
 
 def test_a_base_url_with_a_path_prefixes_every_request() -> None:
-    heads: list[bytes] = []
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        heads.append(await reader.readuntil(b"\r\n\r\n"))
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
-        await writer.drain()
-        writer.close()
-
-    async def main() -> None:
-        srv = await asyncio.start_server(handle, "127.0.0.1", 0)
-        port = srv.sockets[0].getsockname()[1]
+    async def main(port: int) -> None:
         async with Client(f"http://127.0.0.1:{port}/triton/") as c:
             assert await c.server_live()
-        srv.close()
-        await srv.wait_closed()
 
-    asyncio.run(main())
+    with ScriptedServer([[ok_answer(), "close"]]) as fake:
+        asyncio.run(main(fake.port))
+    heads = fake.heads
     assert heads[0].startswith(b"GET /triton/v2/health/live HTTP/1.1\r\n")
 
 
