@@ -1,13 +1,13 @@
-"""What the V2 application answers, on every backend: handler faults,
-refused outputs, health and readiness, HEAD and 405, and raw binary
-requests. Each test serves its model alone on each backend of the
-``backend`` matrix (conftest.py).
+"""What the V2 application answers when a handler or a request goes wrong,
+on every backend: handler faults, refused outputs, and raw binary requests
+the model cannot take. Each test serves its model alone on each backend of
+the ``backend`` matrix (conftest.py). (Routes, health, HEAD and 405:
+test_app_everywhere.py.)
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import socket
 from collections.abc import AsyncIterator, Callable
 from http import HTTPStatus
@@ -136,44 +136,6 @@ def test_an_output_the_model_does_not_give_is_the_clients_400(
     assert caplog.text == ""  # the client's mistake: nothing for the server's log
 
 
-@pytest.mark.parametrize(
-    ("target", "body"),
-    [
-        ("/v2/health/live", b'{"live": true}'),
-        ("/v2/health/ready", b'{"ready": true}'),
-        ("/v2/models/echo/ready", b'{"name": "echo", "ready": true}'),
-    ],
-)
-def test_health_and_ready_answer_the_json_the_protocol_defines(
-    backend: str, target: str, body: bytes
-) -> None:
-    # (KServe's clients read the field: an empty body was a JSONDecodeError there)
-    sent = _answer(backend, echo_model(), b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % target.encode())
-    assert sent.startswith(b"HTTP/1.1 200 ") and sent.endswith(b"\r\n\r\n" + body)
-
-
-def test_head_is_answered_on_get_routes_and_a_405_says_what_is_allowed(backend: str) -> None:
-    sent = _answer(backend, echo_model(), b"HEAD /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
-    assert sent.startswith(b"HTTP/1.1 200 ") and sent.endswith(b"\r\n\r\n")  # no body
-    sent = _answer(
-        backend,
-        echo_model(),
-        b"POST /v2/models/echo HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
-    )
-    assert sent.startswith(b"HTTP/1.1 405 ") and b"\r\nallow: get, head\r\n" in sent.lower()
-    sent = _answer(backend, echo_model(), b"GET /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n\r\n")
-    assert sent.startswith(b"HTTP/1.1 405 ") and b"\r\nallow: post\r\n" in sent.lower()
-
-
-def test_a_classification_request_is_refused_not_answered_with_the_tensor(backend: str) -> None:
-    x = np.arange(3, dtype=np.float32)
-    wire = infer_bytes(
-        {"x": x}, outputs=[binproto.RequestedOutput("x", parameters={"classification": 2})]
-    )
-    sent = _answer(backend, echo_model(), wire)
-    assert sent.startswith(b"HTTP/1.1 400 ") and b"classification is not supported" in sent
-
-
 def test_model_versions_are_a_sequence_not_a_string() -> None:
     async def nothing(request: InferRequest) -> dict[str, Any]:
         return {}
@@ -204,16 +166,6 @@ def _raw_request(body: bytes, *, chunked: bool = False, model: str = "single") -
     if chunked:
         return head + b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
     return head + b"Content-Length: %d\r\n\r\n" % len(body) + body
-
-
-def test_a_raw_binary_request_is_the_models_one_input(backend: str) -> None:
-    x = np.array([1.5, 2.0, -3.0], dtype=np.float32)
-    sent = _answer(backend, _ONE_INPUT, _raw_request(x.tobytes()))
-    assert sent.startswith(b"HTTP/1.1 200 "), sent[:300]
-    head, _, body = sent.partition(b"\r\n\r\n")
-    hl = int(re.search(rb"inference-header-content-length: (\d+)", head.lower()).group(1))  # type: ignore[union-attr]
-    decoded = binproto.decode_response(body, header_length=hl)
-    assert decoded.tensors["y"].tolist() == (x * 2).tolist()  # a raw request's outputs are binary
 
 
 @pytest.mark.parametrize(

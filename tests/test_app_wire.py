@@ -214,29 +214,6 @@ def test_pipelined_requests(server: Running, first_size: int) -> None:
     assert list(b.tensors["b"]) == list(second)
 
 
-def test_shared_memory_inputs_are_refused(server: Running) -> None:
-    payload = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "x",
-                    "shape": [4],
-                    "datatype": "FP32",
-                    "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 16},
-                }
-            ]
-        }
-    ).encode()
-    head = (
-        f"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(payload)}\r\n\r\n"
-    ).encode()
-    with connect(server.port) as sock:
-        sock.sendall(head + payload)
-        status, body, _ = read_response(sock, check_closed=False)
-    assert status == 400
-    assert "shared memory is not supported" in json.loads(body)["error"]
-
-
 @pytest.mark.parametrize(
     ("raw", "status", "pattern"),
     [
