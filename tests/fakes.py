@@ -1,5 +1,7 @@
-"""Fakes for tests: a scripted HTTP/1.1 server and an ASGI ``send`` recorder.
+"""Fakes for tests: a scripted HTTP/1.1 server, in-memory byte streams and
+an ASGI ``send`` recorder.
 
+:class:`MemoryStream` (and its variants) is a server connection in memory.
 :class:`AsgiRecorder` is an ASGI ``send`` callable that keeps the messages.
 
 A scripted server answers client tests as told, right or wrong.
@@ -29,7 +31,16 @@ from typing import Any
 
 import binproto
 
-__all__ = ["AsgiRecorder", "ScriptedServer", "Step", "echo_answer", "ok_answer"]
+__all__ = [
+    "AsgiRecorder",
+    "MemoryStream",
+    "MemoryStreamInto",
+    "ScriptedServer",
+    "Step",
+    "ThreadedStream",
+    "echo_answer",
+    "ok_answer",
+]
 
 Step = bytes | str | float | Callable[[bytes, bytes], bytes]
 
@@ -204,3 +215,80 @@ class AsgiRecorder:
 
     def body(self) -> bytes:
         return b"".join(bytes(b) for b in self.bodies)
+
+
+class MemoryStream:
+    """A ByteStream in memory, for a server's connection without sockets.
+
+    Reads hand out ``reads`` in turn, each cut to what is asked and to
+    ``most`` bytes, then the end (``b""``). What the server sends is kept
+    in ``sent``.
+
+    | option | does |
+    |---|---|
+    | ``most`` | the most bytes one read hands out |
+    | ``mutable`` | reads are ``bytearray``, as some transports give |
+    | ``whole`` | each read must fit what is asked (never cut) |
+    | ``sending`` | False: a send is an error |
+    """
+
+    timeout: float | None = None
+
+    def __init__(
+        self,
+        *reads: bytes,
+        most: int | None = None,
+        mutable: bool = False,
+        whole: bool = False,
+        sending: bool = True,
+    ) -> None:
+        self.reads = [r for r in reads if r]
+        self.most = most
+        self.mutable = mutable
+        self.whole = whole
+        self.sending = sending
+        self.sent = bytearray()
+
+    async def receive_some(self, max_bytes: int) -> bytes:
+        if not self.reads:
+            return b""
+        if self.whole:
+            assert len(self.reads[0]) <= max_bytes, (len(self.reads[0]), max_bytes)
+        take = max_bytes if self.most is None else min(max_bytes, self.most)
+        data, rest = self.reads[0][:take], self.reads[0][take:]
+        if rest:
+            self.reads[0] = rest
+        else:
+            self.reads.pop(0)
+        return bytearray(data) if self.mutable else data  # type: ignore[return-value]
+
+    async def send_all(self, buffers: Any) -> None:
+        assert self.sending, "nothing is sent"
+        for buffer in buffers:
+            self.sent += buffer
+
+    async def aclose(self) -> None:
+        pass
+
+
+class MemoryStreamInto(MemoryStream):
+    """:class:`MemoryStream` that also receives into the caller's memory."""
+
+    async def receive_into(self, view: memoryview) -> int:
+        data = await self.receive_some(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+
+class ThreadedStream(MemoryStream):
+    """:class:`MemoryStream` that offers ``to_thread``; ``threaded`` names each function sent."""
+
+    def __init__(self, *reads: bytes, **options: Any) -> None:
+        super().__init__(*reads, **options)
+        self.threaded: list[str] = []
+
+    async def to_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        import asyncio
+
+        self.threaded.append(getattr(fn, "func", fn).__name__)
+        return await asyncio.to_thread(fn, *args)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ trio = pytest.importorskip("trio")
 
 from binproto.adapters import asyncio as ba  # noqa: E402
 
+from .fakes import ThreadedStream  # noqa: E402
 from .servers import Running, connect, read_all, serving  # noqa: E402
 
 SHORT = Timeouts(keep_alive=0.3, head=0.6, body=0.3, write=0.3)
@@ -200,30 +201,6 @@ def test_a_refused_body_is_drained_for_a_bounded_time(
 # -- big JSON headers ------------------------------------------------------------------------
 
 
-class Threaded:
-    """A stream whose body arrives in pieces, recording what runs in ``to_thread``."""
-
-    timeout: float | None = None
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.threaded: list[str] = []
-
-    async def receive_some(self, max_bytes: int) -> bytes:
-        data, self.data = self.data[: min(max_bytes, 1 << 16)], self.data[max_bytes:]
-        return data
-
-    async def send_all(self, buffers: Any) -> None:
-        raise AssertionError("nothing is sent")
-
-    async def aclose(self) -> None:
-        pass
-
-    async def to_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
-        self.threaded.append(fn.__name__)
-        return await asyncio.to_thread(fn, *args)
-
-
 @pytest.mark.parametrize("how", ["events", "tensors"])
 @pytest.mark.parametrize("json_only", [False, True], ids=["binary", "json"])
 @pytest.mark.parametrize("size", [64 << 10, 2 << 20], ids=["small", "big"])
@@ -246,7 +223,7 @@ def test_a_big_json_header_is_parsed_in_a_worker_thread(
         + f"Content-Length: {len(wire)}\r\n\r\n".encode()
     )
     assert isinstance(conn.next_event(), h11.Request)
-    stream = Threaded(wire)
+    stream = ThreadedStream(wire, most=1 << 16, sending=False)
 
     async def main() -> dict[str, Any]:
         claims = binproto.BodyClaims(len(wire), None, body.header_length)
