@@ -1,7 +1,8 @@
 """Fakes for tests: a scripted HTTP/1.1 server, in-memory byte streams and
 an ASGI ``send`` recorder.
 
-:class:`MemoryStream` (and its variants) is a server connection in memory.
+:class:`MemoryStream` (and its variants) is a server connection in memory;
+:class:`TimingOutStream` times out every wait once its reads are used up.
 :class:`AsgiRecorder` is an ASGI ``send`` callable that keeps the messages.
 
 A scripted server answers client tests as told, right or wrong.
@@ -38,6 +39,8 @@ __all__ = [
     "ScriptedServer",
     "Step",
     "ThreadedStream",
+    "TimingOutStream",
+    "TimingOutStreamInto",
     "echo_answer",
     "ok_answer",
 ]
@@ -292,3 +295,40 @@ class ThreadedStream(MemoryStream):
 
         self.threaded.append(getattr(fn, "func", fn).__name__)
         return await asyncio.to_thread(fn, *args)
+
+
+class TimingOutStream:
+    """A ByteStream that hands out ``pieces``, one read each, then times out
+    every wait, noting the timeout the server had set for it; what the
+    server sends is kept in ``sent``."""
+
+    def __init__(self, *pieces: bytes) -> None:
+        self.pieces = list(pieces)
+        self.timeout: float | None = None
+        self.waits: list[float | None] = []
+        self.sent = bytearray()
+
+    async def receive_some(self, max_bytes: int) -> bytes:
+        if not self.pieces:
+            self.waits.append(self.timeout)
+            raise TimeoutError(f"no bytes from the peer within {self.timeout} s")
+        piece = self.pieces.pop(0)
+        if len(piece) > max_bytes:
+            self.pieces.insert(0, piece[max_bytes:])
+        return piece[:max_bytes]
+
+    async def send_all(self, buffers: Any) -> None:
+        for buffer in buffers:
+            self.sent += buffer
+
+    async def aclose(self) -> None:
+        pass
+
+
+class TimingOutStreamInto(TimingOutStream):
+    """:class:`TimingOutStream` that also receives into the caller's memory."""
+
+    async def receive_into(self, view: memoryview) -> int:
+        data = await self.receive_some(len(view))
+        view[: len(data)] = data
+        return len(data)

@@ -24,7 +24,7 @@ from binproto.adapters import trio as bt
 from binproto.adapters._server import Model, Timeouts, V2Server
 from binproto.adapters.h11 import request_for, send_message
 
-from .helpers import Scripted, ScriptedInPlace
+from .fakes import TimingOutStream, TimingOutStreamInto
 from .servers import Running, connect, running, until_closed
 
 
@@ -153,9 +153,9 @@ def test_a_stalled_body_is_answered_408(http_backend: str) -> None:
     assert 0.5 <= elapsed < 0.95  # one body timeout (two take 1.0 s)
 
 
-@pytest.mark.parametrize("stream_type", [Scripted, ScriptedInPlace])
+@pytest.mark.parametrize("stream_type", [TimingOutStream, TimingOutStreamInto])
 def test_a_body_that_stalls_in_the_handler_is_waited_for_once(
-    stream_type: type[Scripted],
+    stream_type: type[TimingOutStream],
 ) -> None:
     # The handler's tensors() times out on the body; the server then answers
     # 408 at once: it does not wait for the rest of the body a second time
@@ -179,7 +179,7 @@ def test_a_handlers_own_timeout_is_a_500_not_a_408(caplog: pytest.LogCaptureFixt
     wire = b"".join(
         bytes(p) for p in send_message(conn, request_for("/v2/models/slow/infer", body), body)
     )
-    stream = Scripted(wire)
+    stream = TimingOutStream(wire)
     server = V2Server([Model("slow", deadline)], timeouts=Timeouts(keep_alive=1, head=2, body=3))
     asyncio.run(server.serve_connection(stream))
     assert stream.sent.startswith(b"HTTP/1.1 500 "), bytes(stream.sent[:200])
@@ -192,7 +192,7 @@ def test_a_handlers_own_timeout_is_a_500_not_a_408(caplog: pytest.LogCaptureFixt
 def test_no_head_timeout_leaves_a_begun_head_unbounded() -> None:
     # Timeouts(head=None): the rest of a head is waited for without a bound,
     # not with the keep-alive timeout left from the wait for its first bytes.
-    stream = Scripted(b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n")
+    stream = TimingOutStream(b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n")
     server = V2Server(timeouts=Timeouts(keep_alive=1, head=None, body=3, write=4))
     asyncio.run(server.serve_connection(stream))
     assert stream.waits == [None]
