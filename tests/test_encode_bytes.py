@@ -157,6 +157,7 @@ def _dumps_with(fast: Any, obj: Any) -> tuple[str, Any]:
         binproto._json.FAST_DUMPS = saved
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(_PLAIN)
 # What orjson refuses, each at least once: the standard encoder decides.
