@@ -12,6 +12,39 @@ import pytest
 if sys.platform != "win32":
     import fcntl
 
+try:
+    from .servers import ALL_BACKENDS, ASYNCIO_BACKENDS, BACKENDS
+except ImportError:  # (the h11 extra missing: no server to run)
+    ALL_BACKENDS = ASYNCIO_BACKENDS = BACKENDS = []
+
+
+@pytest.fixture(scope="module", params=ALL_BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """Each way to serve the V2 application (tests/servers.py's ALL_BACKENDS).
+
+    For what the application answers. A module's ``server`` fixture serves
+    its models on it with :func:`tests.servers.serving`.
+    """
+    return str(request.param)
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def http_backend(request: pytest.FixtureRequest) -> str:
+    """Each of binproto's own HTTP/1.1 servers (tests/servers.py's BACKENDS).
+
+    For what their HTTP loops do themselves (timeouts, framing, buffers).
+    """
+    return str(request.param)
+
+
+@pytest.fixture(scope="module", params=ASYNCIO_BACKENDS)
+def asyncio_backend(request: pytest.FixtureRequest) -> str:
+    """The asyncio server in place, through streams, and on uvloop.
+
+    For the asyncio adapter's own transports (tests/test_asyncio.py).
+    """
+    return str(request.param)
+
 
 @pytest.fixture(autouse=True)
 def _junk_in_kept_receive_buffers(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:

@@ -123,43 +123,6 @@ def arrays_equal(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> bool:
     return bool(np.array_equal(a, b))
 
 
-class Scripted:
-    """A ByteStream that hands out ``pieces``, one read each, then times out
-    every wait, noting the timeout the server had set for it; what the
-    server sends is kept in ``sent``."""
-
-    def __init__(self, *pieces: bytes) -> None:
-        self.pieces = list(pieces)
-        self.timeout: float | None = None
-        self.waits: list[float | None] = []
-        self.sent = bytearray()
-
-    async def receive_some(self, max_bytes: int) -> bytes:
-        if not self.pieces:
-            self.waits.append(self.timeout)
-            raise TimeoutError(f"no bytes from the peer within {self.timeout} s")
-        piece = self.pieces.pop(0)
-        if len(piece) > max_bytes:
-            self.pieces.insert(0, piece[max_bytes:])
-        return piece[:max_bytes]
-
-    async def send_all(self, buffers: Any) -> None:
-        for buffer in buffers:
-            self.sent += buffer
-
-    async def aclose(self) -> None:
-        pass
-
-
-class ScriptedInPlace(Scripted):
-    """:class:`Scripted` that also receives into the caller's memory."""
-
-    async def receive_into(self, view: memoryview) -> int:
-        data = await self.receive_some(len(view))
-        view[: len(data)] = data
-        return len(data)
-
-
 def claiming_header(datatype: str, elements: int, size: int, name: str = "x") -> bytes:
     """The JSON header of a request whose one binary input ``name`` claims
     ``elements`` elements of ``datatype`` in ``size`` bytes."""

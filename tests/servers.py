@@ -5,12 +5,17 @@ through :class:`~binproto.adapters.asgi.V2App` under a real uvicorn."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import h11
+import numpy as np
+import pytest
 import trio
 
 import binproto
@@ -18,16 +23,27 @@ from binproto.adapters import asyncio as ba
 from binproto.adapters import trio as bt
 from binproto.adapters._server import V2Server
 from binproto.adapters.asgi import V2App
+from binproto.adapters.h11 import request_for, send_message
 
 __all__ = [
     "ALL_BACKENDS",
+    "ASYNCIO_BACKENDS",
     "BACKENDS",
     "Running",
+    "answering_pids",
     "as_v2app",
+    "assert_served",
     "connect",
+    "gone",
+    "infer_bytes",
+    "new_loop",
     "read_all",
+    "read_response",
     "request_bytes",
+    "running",
     "serving",
+    "serving_here",
+    "until_closed",
 ]
 
 
@@ -43,16 +59,42 @@ def as_v2app(server: V2Server) -> V2App:
     )
 
 
-#: asyncio receiving in place, asyncio through streams, trio.
-class Running:
-    """A server on one backend, in a thread with its own event loop."""
+def new_loop(kind: str = "asyncio") -> asyncio.AbstractEventLoop:
+    """A new event loop: asyncio's own, or uvloop's (the test skips where it is missing)."""
+    if kind == "uvloop":
+        uvloop = pytest.importorskip("uvloop")
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+        return loop
+    return asyncio.new_event_loop()
 
-    def __init__(self, backend: str, app: V2Server, *, http: str = "auto") -> None:
+
+class Running:
+    """A server on one backend, in a thread with its own event loop.
+
+    ``loop`` picks the event loop of the asyncio backends ("asyncio" or
+    "uvloop"). ``options`` go to the backend's ``serve`` (``timeout``).
+    """
+
+    def __init__(
+        self,
+        backend: str,
+        app: V2Server,
+        *,
+        http: str = "auto",
+        loop: str = "asyncio",
+        **options: Any,
+    ) -> None:
         self.backend = backend
         self.http = http  # uvicorn's HTTP implementation: "auto", "h11" or "httptools"
+        self.app = app
         self.port = 0
+        self.options = options
         self._ready = threading.Event()
         self._stop: Callable[[], object] | None = None
+        self._call_soon: Callable[[Callable[[], object]], object] | None = None
+        if backend == "uvloop":  # (asyncio receiving in place, on uvloop)
+            loop = "uvloop"
+        self._loop = None if backend == "trio" or loop == "asyncio" else new_loop(loop)
         self._thread = threading.Thread(target=self._run, args=(app,), daemon=True)
         self._thread.start()
         assert self._ready.wait(10)
@@ -64,10 +106,20 @@ class Running:
     def _run(self, app: V2Server) -> None:
         if self.backend == "trio":
             trio.run(self._trio, app)
-        elif self.backend == "uvicorn":
-            asyncio.run(self._uvicorn(app))
-        else:
-            asyncio.run(self._asyncio(app))
+            return
+        main = self._uvicorn(app) if self.backend == "uvicorn" else self._asyncio(app)
+        if self._loop is None:
+            asyncio.run(main)
+            return
+        try:
+            self._loop.run_until_complete(main)
+        finally:
+            self._loop.close()
+
+    def call_soon(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` on the server's event loop (asyncio backends)."""
+        assert self._call_soon is not None
+        self._call_soon(fn)
 
     async def _uvicorn(self, app: V2Server) -> None:
         import uvicorn
@@ -94,16 +146,18 @@ class Running:
         async with trio.open_nursery() as nursery:
             token = trio.lowlevel.current_trio_token()
             self._stop = lambda: token.run_sync_soon(nursery.cancel_scope.cancel)
-            await nursery.start(functools.partial(bt.serve, app, ready=self._started))
+            serve = functools.partial(bt.serve, app, ready=self._started, **self.options)
+            await nursery.start(serve)
 
     async def _asyncio(self, app: V2Server) -> None:
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         assert task is not None
         self._stop = lambda: loop.call_soon_threadsafe(task.cancel)
-        zero_copy = self.backend == "asyncio"
+        self._call_soon = loop.call_soon_threadsafe
+        zero_copy = self.backend in ("asyncio", "uvloop")
         try:
-            await ba.serve(app, port=0, zero_copy=zero_copy, ready=self._started)
+            await ba.serve(app, port=0, zero_copy=zero_copy, ready=self._started, **self.options)
         except asyncio.CancelledError:
             pass
 
@@ -113,23 +167,50 @@ class Running:
         self._thread.join(10)
 
 
+#: binproto's own HTTP/1.1 servers: asyncio receiving in place, asyncio
+#: through streams, trio. For what their HTTP loops do themselves.
 BACKENDS = ["asyncio", "asyncio-streams", "trio"]
-#: With V2App under uvicorn: for what the V2 application answers (not the HTTP loop's own work).
-ALL_BACKENDS = [*BACKENDS, "uvicorn"]
+#: Every way to serve the V2 application: also asyncio on uvloop, and
+#: V2App under uvicorn. For what the application answers.
+ALL_BACKENDS = ["asyncio", "asyncio-streams", "uvloop", "trio", "uvicorn"]
+#: The asyncio server's transports and loops: for the asyncio adapter's own work.
+ASYNCIO_BACKENDS = ["asyncio", "asyncio-streams", "uvloop"]
 
 
-def serving(backend: str, app: V2Server) -> Iterator[Running]:
-    """``app`` served on ``backend`` while the caller (a fixture) yields."""
-    running = Running(backend, app)
+def serving(backend: str, app: V2Server, **options: Any) -> Iterator[Running]:
+    """``app`` served on ``backend`` while the caller (a fixture) yields.
+
+    ``options`` are those of :class:`Running`.
+    """
+    server = Running(backend, app, **options)
     try:
-        yield running
+        yield server
     finally:
-        running.close()
+        server.close()
+
+
+#: ``with running(backend, app) as server:`` in a test body.
+running = contextlib.contextmanager(serving)
+
+
+@contextlib.asynccontextmanager
+async def serving_here(server: V2Server) -> AsyncIterator[int]:
+    """``server`` on the running event loop (asyncio, in place); yields its port.
+
+    For a client test on the same loop: no thread.
+    """
+    srv = await ba.start_server(server, "127.0.0.1", 0)
+    try:
+        yield srv.sockets[0].getsockname()[1]
+    finally:
+        await ba.close_server(srv)
 
 
 def connect(port: int) -> socket.socket:
-    """A connection to the server on ``port`` of loopback."""
-    return socket.create_connection(("127.0.0.1", port), timeout=10)
+    """A connection to the server on ``port`` of loopback, sending without delay."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
 
 def read_all(sock: socket.socket) -> bytes:
@@ -140,9 +221,107 @@ def read_all(sock: socket.socket) -> bytes:
     return bytes(out)
 
 
+def until_closed(sock: socket.socket) -> bytes:
+    """Everything until the server closes, or resets (the timeout bounds each wait)."""
+    data = bytearray()
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := sock.recv(1 << 20):
+            data += chunk
+    return bytes(data)
+
+
+def infer_bytes(
+    inputs: dict[str, Any], target: str = "/v2/models/echo/infer", **options: Any
+) -> bytes:
+    """A whole request of ``inputs`` to ``target``, binary outputs asked for.
+
+    ``options`` go to :func:`binproto.encode_request`.
+    """
+    body = binproto.encode_request(inputs, binary_data_output=True, **options)
+    conn = h11.Connection(h11.CLIENT)
+    return b"".join(bytes(p) for p in send_message(conn, request_for(target, body), body))
+
+
+def read_response(sock: socket.socket, check_closed: bool = True) -> tuple[int, bytes, bool]:
+    """Status, body, and (when checked) whether the server then closed the connection."""
+    conn = h11.Connection(h11.CLIENT)
+    conn.send(h11.Request(method="GET", target="/", headers=[("Host", "x")]))
+    conn.send(h11.EndOfMessage())
+    status = 0
+    body = bytearray()
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(sock.recv(65536))
+            continue
+        if type(event) is h11.Response:
+            status = event.status_code
+        elif type(event) is h11.Data:
+            body += event.data
+        elif type(event) is h11.EndOfMessage:
+            break
+    closed = False
+    if not check_closed:
+        return status, bytes(body), closed
+    sock.settimeout(5)
+    try:
+        closed = sock.recv(1) == b""
+    except (TimeoutError, ConnectionError):
+        closed = False
+    return status, bytes(body), closed
+
+
+def assert_served(port: int) -> None:
+    """A normal request on a new connection is answered in full."""
+    x = np.arange(1000, dtype=np.int32)
+    with connect(port) as sock:
+        sock.sendall(infer_bytes({"x": x}))
+        status, body, _ = read_response(sock, check_closed=False)
+    assert status == 200 and body.endswith(x.tobytes()), (status, body[:200])
+
+
 def request_bytes(arrays: dict[str, Any]) -> bytes:
     """An echo request of ``arrays``, head and body."""
     body = binproto.encode_request(arrays)
     head = "POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n"
     head += "".join(f"{k}: {v}\r\n" for k, v in body.headers)
     return head.encode() + b"\r\n" + bytes(body)
+
+
+def _pid_request() -> bytes:
+    """A request to the ``pid`` model of tests/cli_models.py."""
+    body = binproto.encode_request({"x": np.zeros(1, np.float32)}, binary_data_output=True)
+    head = "POST /v2/models/pid/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in body.headers)
+    return head.encode() + b"\r\n" + bytes(body)
+
+
+def answering_pids(port: int, connections: int) -> list[int]:
+    """Open ``connections`` connections at once; the pid answering on each."""
+    socks = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(connections)]
+    pids = []
+    try:
+        for sock in socks:
+            sock.sendall(_pid_request())
+        for sock in socks:
+            answer = b""
+            while data := sock.recv(65536):
+                answer += data
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200"), answer[:300]
+            hl = int(head.lower().split(b"inference-header-content-length: ")[1].split(b"\r\n")[0])
+            decoded = binproto.decode_response(body, header_length=hl)
+            pids.append(int(decoded.tensors["pid"][0]))
+    finally:
+        for sock in socks:
+            sock.close()
+    return pids
+
+
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (a zombie counts)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state == "Z"  # (exited, not yet reaped by its parent)

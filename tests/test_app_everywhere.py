@@ -31,7 +31,7 @@ from binproto.adapters.server import (
     echo_model,
 )
 
-from .servers import ALL_BACKENDS, Running, connect, read_all, serving
+from .servers import Running, connect, read_all, serving
 
 pytest.importorskip("uvicorn")
 
@@ -122,10 +122,10 @@ BUDGET = 150_000
 BODY = 100_000
 
 
-@pytest.fixture(scope="module", params=ALL_BACKENDS)
-def server(request: pytest.FixtureRequest) -> Iterator[Running]:
+@pytest.fixture(scope="module")
+def server(backend: str) -> Iterator[Running]:
     app = V2Server(MODELS, max_body_bytes_in_flight=BUDGET)
-    yield from serving(str(request.param), app)
+    yield from serving(backend, app)
 
 
 def _client(server: Running) -> httpx.Client:

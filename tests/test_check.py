@@ -16,7 +16,8 @@ from binproto.cli._cases import CASES
 from binproto.cli._check import load_context, run_check
 from binproto.cli._wire import Target
 
-from .interop.binproto_servers import _asyncio_server, _identity, running_binproto_server
+from .interop.binproto_servers import _identity, running_binproto_server
+from .servers import running
 
 #: Models that declare their inputs, so the raw-request cases apply.
 SINGLE = Model(
@@ -39,8 +40,8 @@ PAIR = Model(
 @pytest.fixture(scope="module")
 def server() -> Iterator[Target]:
     app = V2Server([echo_model(), SINGLE, PAIR])
-    with _asyncio_server(zero_copy=True, app=app) as port:
-        yield Target("127.0.0.1", port)
+    with running("asyncio", app) as served:
+        yield Target("127.0.0.1", served.port)
 
 
 def test_case_ids_are_unique_and_levelled() -> None:

@@ -8,7 +8,6 @@ import contextlib
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,8 @@ import numpy as np
 import pytest
 
 import binproto
+
+from .servers import answering_pids, gone
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -81,43 +82,6 @@ def _wait_ready(served: Served) -> None:
         time.sleep(0.05)
 
 
-def _pid_request() -> bytes:
-    body = binproto.encode_request({"x": np.zeros(1, np.float32)}, binary_data_output=True)
-    head = "POST /v2/models/pid/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-    head += "".join(f"{k}: {v}\r\n" for k, v in body.headers)
-    return head.encode() + b"\r\n" + bytes(body)
-
-
-def _answering_pids(port: int, connections: int) -> list[int]:
-    """Open ``connections`` connections at once; the pid answering on each."""
-    socks = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(connections)]
-    pids = []
-    try:
-        for sock in socks:
-            sock.sendall(_pid_request())
-        for sock in socks:
-            answer = b""
-            while data := sock.recv(65536):
-                answer += data
-            head, _, body = answer.partition(b"\r\n\r\n")
-            assert head.startswith(b"HTTP/1.1 200"), answer[:300]
-            hl = int(head.lower().split(b"inference-header-content-length: ")[1].split(b"\r\n")[0])
-            decoded = binproto.decode_response(body, header_length=hl)
-            pids.append(int(decoded.tensors["pid"][0]))
-    finally:
-        for sock in socks:
-            sock.close()
-    return pids
-
-
-def _gone(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return True
-    return state == "Z"  # (exited, not yet reaped by its parent)
-
-
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_sixteen_connections_are_answered_by_several_workers_and_sigterm_stops_all(
     backend: str,
@@ -125,12 +89,12 @@ def test_sixteen_connections_are_answered_by_several_workers_and_sigterm_stops_a
     with serving("tests.cli_models:MODELS", "--workers", "2", "--backend", backend) as served:
         workers = served.children()
         assert len(workers) == 2
-        pids = _answering_pids(served.port, 16)
+        pids = answering_pids(served.port, 16)
         assert len(set(pids)) >= 2, pids
         assert set(pids) <= workers
         served.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 5
-        while not (served.proc.poll() is not None and all(map(_gone, workers))):
+        while not (served.proc.poll() is not None and all(map(gone, workers))):
             assert time.monotonic() < deadline, "workers still running 5 s after SIGTERM"
             time.sleep(0.05)
         assert served.proc.returncode == 0
@@ -146,7 +110,7 @@ def test_a_worker_that_dies_is_replaced() -> None:
             assert time.monotonic() < deadline, "no worker started in its place"
             time.sleep(0.05)
         _wait_ready(served)
-        pids = _answering_pids(served.port, 16)
+        pids = answering_pids(served.port, 16)
         assert victim not in pids and set(pids) <= served.children()
 
 
@@ -190,12 +154,13 @@ def test_a_factory_of_models_is_served_and_an_unmade_output_is_400(how: tuple[st
                 {"error": "unexpected inference output 'z' for model 'pid'"},
             )
             assert client.get("/v2/models/echo").status_code == 404  # only the factory's
-            pids = _answering_pids(served.port, 2)
+            pids = answering_pids(served.port, 2)
         assert set(pids) == {served.proc.pid}  # one process: the server itself
         served.proc.send_signal(signal.SIGTERM)
         served.proc.wait(5)
 
 
+@pytest.mark.slow
 def test_uvicorn_workers_serve_and_stop_on_sigterm() -> None:
     pytest.importorskip("uvicorn")
     with serving("tests.cli_models:MODELS", "--uvicorn", "--workers", "2") as served:
@@ -204,11 +169,11 @@ def test_uvicorn_workers_serve_and_stop_on_sigterm() -> None:
             assert time.monotonic() < deadline, "uvicorn's workers did not start"
             time.sleep(0.05)
         workers = served.children()
-        pids = _answering_pids(served.port, 16)
+        pids = answering_pids(served.port, 16)
         assert set(pids) <= workers
         served.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 10
-        while not (served.proc.poll() is not None and all(map(_gone, workers))):
+        while not (served.proc.poll() is not None and all(map(gone, workers))):
             assert time.monotonic() < deadline, "uvicorn's workers still running after SIGTERM"
             time.sleep(0.05)
 

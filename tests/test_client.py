@@ -5,13 +5,10 @@ response leaves behind. Run through the asyncio client, both transports."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import gzip
 import os
 import resource
-import socket
-import struct
 import weakref
 import zlib
 from collections.abc import AsyncIterator, Callable
@@ -29,6 +26,9 @@ from binproto.adapters._server import Timeouts, V2Server
 from binproto.adapters.asyncio import Client, close_server, start_server
 from binproto.adapters.h11 import HTTPError, error_message
 
+from .fakes import ScriptedServer, Step
+from .servers import serving_here
+
 
 def _response(outputs: dict[str, Any]) -> tuple[bytes, int]:
     """An encoded V2 response body and its JSON header's length."""
@@ -41,33 +41,12 @@ def _response(outputs: dict[str, Any]) -> tuple[bytes, int]:
 async def _canned(
     answer: Callable[[bytes], bytes], *, reset: bool = False
 ) -> AsyncIterator[tuple[int, list[bytes]]]:
-    """A server that reads one request, writes ``answer(request head)`` and
-    closes (``reset``: with a TCP reset, a zero linger time); yields its port
-    and the heads it read."""
-    heads: list[bytes] = []
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
-        heads.append(head)
-        length = 0
-        for line in head.split(b"\r\n"):
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                length = int(value)
-        await reader.readexactly(length)
-        writer.write(answer(head))
-        await writer.drain()
-        if reset:
-            sock = writer.get_extra_info("socket")
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        writer.close()
-
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    try:
-        yield server.sockets[0].getsockname()[1], heads
-    finally:
-        server.close()
-        await server.wait_closed()
+    """A server that reads a request, writes ``answer(request head)`` and
+    closes (``reset``: with a TCP reset, a zero linger time), on each
+    connection; yields its port and the heads it read."""
+    steps: list[Step] = [lambda head, _: answer(head), "reset" if reset else "close"]
+    with ScriptedServer(otherwise=steps) as fake:
+        yield fake.port, fake.heads
 
 
 def _run(main: Callable[[], Any]) -> Any:
@@ -377,47 +356,19 @@ def test_bytes_the_server_sent_unasked_are_not_taken_for_the_next_answer(
         )
     stray, stray_hl = _response({"y": np.full(size, 7, dtype=np.float32)})
     bad = head % (stray_hl, len(stray)) + stray
-    connections = 0
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal connections
-        connections += 1
-        first = connections == 1
-        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
-            while True:
-                request_head = await reader.readuntil(b"\r\n\r\n")
-                for line in request_head.split(b"\r\n"):
-                    if line.lower().startswith(b"content-length:"):
-                        await reader.readexactly(int(line.split(b":")[1]))
-                writer.write(good + bad if first else good)
-                await writer.drain()
-        writer.close()
+    # The first answer comes with the stray one behind it; then good ones.
+    fake = ScriptedServer([good + bad], otherwise=good)
 
     async def main() -> None:
-        srv = await asyncio.start_server(serve, "127.0.0.1", 0)
-        port = srv.sockets[0].getsockname()[1]
-        try:
-            async with Client("127.0.0.1", port, zero_copy=zero_copy) as c:
-                for _ in range(2):
-                    out = await c.infer("m", {"x": X})
-                    assert np.array_equal(out["y"], np.arange(size, dtype=np.float32))
-                    await asyncio.sleep(0.1)  # (the stray bytes arrive)
-        finally:
-            srv.close()
-            await srv.wait_closed()
-        assert connections == 2
+        async with Client("127.0.0.1", fake.port, zero_copy=zero_copy) as c:
+            for _ in range(2):
+                out = await c.infer("m", {"x": X})
+                assert np.array_equal(out["y"], np.arange(size, dtype=np.float32))
+                await asyncio.sleep(0.1)  # (the stray bytes arrive)
 
-    _run(main)
-
-
-@asynccontextmanager
-async def _serving(server: V2Server) -> AsyncIterator[int]:
-    """``server`` on an asyncio listener; yields its port."""
-    srv = await start_server(server, "127.0.0.1", 0)
-    try:
-        yield srv.sockets[0].getsockname()[1]
-    finally:
-        await close_server(srv)
+    with fake:
+        _run(main)
+    assert fake.connections == 2
 
 
 @pytest.mark.parametrize("zero_copy", [True, False])
@@ -431,7 +382,7 @@ def test_a_request_while_another_is_in_flight_waits_for_the_one_connection(
 
     async def main() -> None:
         async with (
-            _serving(server) as port,
+            serving_here(server) as port,
             Client("127.0.0.1", port, zero_copy=zero_copy, timeout=10, max_connections=1) as c,
         ):
             if warm:
@@ -450,7 +401,7 @@ def test_a_request_while_a_response_is_streamed_takes_another_connection() -> No
     server = _Counting()
 
     async def main() -> None:
-        async with _serving(server) as port, Client("127.0.0.1", port, timeout=10) as c:
+        async with serving_here(server) as port, Client("127.0.0.1", port, timeout=10) as c:
             async with c.stream("echo", {"x": X}) as response:
                 assert (await c.get("/v2"))[0] == 200
                 assert np.array_equal((await response.tensors())["x"], X)
@@ -468,7 +419,7 @@ def test_a_request_while_a_response_is_streamed_takes_another_connection() -> No
 
 def test_a_cancelled_request_lets_the_next_one_through() -> None:
     async def main() -> None:
-        async with _serving(V2Server()) as port, Client("127.0.0.1", port, timeout=10) as c:
+        async with serving_here(V2Server()) as port, Client("127.0.0.1", port, timeout=10) as c:
             task = asyncio.create_task(c.infer("echo", {"x": X}))
             await asyncio.sleep(0)
             task.cancel()
@@ -546,7 +497,7 @@ def test_a_client_closed_by_another_task_ends_its_request_as_the_callers_error(
     # The request ends at once (it waited forever for a socket closed under
     # it), blames no server, and the client, like any other, serves again.
     async def main() -> None:
-        async with _serving(_slow_server()) as port:
+        async with serving_here(_slow_server()) as port:
             c = Client("127.0.0.1", port, zero_copy=zero_copy, timeout=None)
             first = asyncio.create_task(c.infer("slow", {"x": X}))
             await asyncio.sleep(0.1)  # (its request sent, its answer awaited)
@@ -632,7 +583,7 @@ def test_a_client_closed_while_its_request_connects_closes_what_it_opened(
     zero_copy: bool,
 ) -> None:
     async def main() -> None:
-        async with _serving(V2Server()) as port:
+        async with serving_here(V2Server()) as port:
             c = Client("127.0.0.1", port, zero_copy=zero_copy, timeout=10)
             closed: list[Any] = []
             open_stream = c._open_stream
@@ -663,7 +614,7 @@ def test_a_client_closed_while_its_request_connects_closes_what_it_opened(
 
 def test_the_callers_own_exception_in_a_stream_block_is_kept_when_the_client_is_closed() -> None:
     async def main() -> None:
-        async with _serving(V2Server()) as port:
+        async with serving_here(V2Server()) as port:
             c = Client("127.0.0.1", port, timeout=10)
             with pytest.raises(FileNotFoundError):
                 async with c.stream("echo", {"x": X}):

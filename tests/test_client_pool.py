@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import struct
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -26,6 +25,9 @@ from binproto.adapters._client import Retry, retry_after
 from binproto.adapters._server import Timeouts, V2Server
 from binproto.adapters.asyncio import Client, close_server, start_server
 from binproto.adapters.h11 import HTTPError
+
+from .fakes import ScriptedServer, ok_answer
+from .servers import running, serving_here
 
 X = np.arange(6, dtype=np.float32)
 BIG = np.arange(16 << 20, dtype=np.float32)  # 64 MiB
@@ -50,48 +52,12 @@ class _Counting(V2Server):
             self.open -= 1
 
 
-@asynccontextmanager
-async def _serving(server: V2Server) -> AsyncIterator[int]:
-    srv = await start_server(server, "127.0.0.1", 0)
-    try:
-        yield srv.sockets[0].getsockname()[1]
-    finally:
-        await close_server(srv)
-
-
-@contextmanager
-def _serving_in_a_thread(server: V2Server) -> Iterator[int]:
-    """``server`` on an asyncio loop of its own thread; yields its port."""
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    box: list[Any] = []
-
-    async def up() -> None:
-        box.append(await start_server(server, "127.0.0.1", 0))
-
-    def run() -> None:
-        loop.run_until_complete(up())
-        started.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    started.wait(10)
-    try:
-        yield box[0].sockets[0].getsockname()[1]
-    finally:
-        asyncio.run_coroutine_threadsafe(close_server(box[0]), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
-
-
 # -- binary outputs by default -------------------------------------------------------
 
 
 def test_asyncio_outputs_are_binary_by_default_and_json_when_asked() -> None:
     async def main() -> None:
-        async with _serving(V2Server()) as port, Client("127.0.0.1", port) as c:
+        async with serving_here(V2Server()) as port, Client("127.0.0.1", port) as c:
             async with c.stream("echo", {"x": X}) as response:
                 await response.tensors()
                 assert response.header is not None
@@ -111,7 +77,7 @@ def test_asyncio_outputs_are_binary_by_default_and_json_when_asked() -> None:
 
 def test_a_64_mib_echo_with_default_arguments_asyncio() -> None:
     async def main() -> None:
-        async with _serving(V2Server()) as port, Client("127.0.0.1", port) as c:
+        async with serving_here(V2Server()) as port, Client("127.0.0.1", port) as c:
             out = await c.infer("echo", {"x": BIG})
         assert np.array_equal(out["x"], BIG)
 
@@ -131,7 +97,8 @@ def test_a_64_mib_echo_with_default_arguments_trio() -> None:
 
 
 def test_a_64_mib_echo_with_default_arguments_httpx() -> None:
-    with _serving_in_a_thread(V2Server()) as port:
+    with running("asyncio", V2Server()) as served:
+        port = served.port
         url = f"http://127.0.0.1:{port}"
         with httpx.Client(base_url=url, timeout=60) as client:
             result = bphttpx.infer(client, "echo", {"x": BIG}, outputs=["x"])
@@ -154,7 +121,7 @@ def test_100_concurrent_infers_through_a_pool_of_4_open_at_most_4_connections() 
 
     async def main() -> None:
         async with (
-            _serving(server) as port,
+            serving_here(server) as port,
             Client(f"http://127.0.0.1:{port}", max_connections=4) as c,
         ):
             xs = [X + i for i in range(100)]
@@ -195,7 +162,7 @@ def test_idle_connections_past_their_expiry_are_closed() -> None:
     server = _Counting()
 
     async def main() -> None:
-        async with _serving(server) as port:
+        async with serving_here(server) as port:
             c = Client("127.0.0.1", port, keepalive_expiry=5)
             c._clock = lambda: now[0]
             await c.infer("echo", {"x": X})
@@ -213,23 +180,13 @@ def test_idle_connections_past_their_expiry_are_closed() -> None:
 
 
 def test_a_base_url_with_a_path_prefixes_every_request() -> None:
-    heads: list[bytes] = []
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        heads.append(await reader.readuntil(b"\r\n\r\n"))
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
-        await writer.drain()
-        writer.close()
-
-    async def main() -> None:
-        srv = await asyncio.start_server(handle, "127.0.0.1", 0)
-        port = srv.sockets[0].getsockname()[1]
+    async def main(port: int) -> None:
         async with Client(f"http://127.0.0.1:{port}/triton/") as c:
             assert await c.server_live()
-        srv.close()
-        await srv.wait_closed()
 
-    asyncio.run(main())
+    with ScriptedServer([[ok_answer(), "close"]]) as fake:
+        asyncio.run(main(fake.port))
+    heads = fake.heads
     assert heads[0].startswith(b"GET /triton/v2/health/live HTTP/1.1\r\n")
 
 
@@ -321,35 +278,8 @@ async def _scripted(script: list[Any]) -> AsyncIterator[tuple[int, list[bytes]]]
     """A server answering its requests, in order, as ``script`` says: "reset"
     (a TCP reset, no answer), bytes (sent as they are), then 200 with ``X``.
     Yields its port and the request bodies it read."""
-    bodies: list[bytes] = []
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            try:
-                head = await reader.readuntil(b"\r\n\r\n")
-            except (asyncio.IncompleteReadError, ConnectionError):
-                break
-            length = 0
-            for line in head.split(b"\r\n"):
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            bodies.append(await reader.readexactly(length))
-            action = script.pop(0) if script else _ok()
-            if action == "reset":
-                sock = writer.get_extra_info("socket")
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                break
-            writer.write(action)
-            await writer.drain()
-        writer.close()
-
-    srv = await asyncio.start_server(handle, "127.0.0.1", 0)
-    try:
-        yield srv.sockets[0].getsockname()[1], bodies
-    finally:
-        srv.close()
-        await srv.wait_closed()
+    with ScriptedServer(script, otherwise=_ok()) as fake:
+        yield fake.port, fake.bodies
 
 
 class _Recorder:
@@ -524,7 +454,7 @@ def _typed_server() -> _Counting:
 
 def test_health_and_metadata_helpers_return_parsed_objects() -> None:
     async def main() -> None:
-        async with _serving(_typed_server()) as port, Client(f"http://127.0.0.1:{port}") as c:
+        async with serving_here(_typed_server()) as port, Client(f"http://127.0.0.1:{port}") as c:
             assert await c.server_live() is True
             assert await c.server_ready() is True
             assert await c.model_ready("typed") is True
@@ -559,7 +489,7 @@ def test_inputs_that_do_not_fit_the_metadata_fail_before_any_byte_of_them_is_sen
     server = _typed_server()
 
     async def main() -> None:
-        async with _serving(server) as port, Client("127.0.0.1", port) as c:
+        async with serving_here(server) as port, Client("127.0.0.1", port) as c:
             record = _Recorder(c)
             with pytest.raises(LocalProtocolError, match="model 'typed': ") as info:
                 await c.infer("typed", inputs, check=True)
@@ -659,7 +589,7 @@ def test_answers_h11_refuses_are_refused(head: bytes, message: str) -> None:
 
 def test_a_small_answer_read_whole_gives_writable_arrays_of_its_own() -> None:
     async def main() -> None:
-        async with _serving(V2Server()) as port, Client("127.0.0.1", port) as c:
+        async with serving_here(V2Server()) as port, Client("127.0.0.1", port) as c:
             first = await c.infer("echo", {"x": X, "b": np.array([True, False])})
             second = await c.infer("echo", {"x": X}, binary_data_output=False)
             first["x"][0] = 42.0  # (writable, and not shared with the next answer)
@@ -675,7 +605,7 @@ def test_a_small_answer_read_whole_gives_writable_arrays_of_its_own() -> None:
 
 def test_a_connection_that_fails_to_open_gives_its_room_to_a_waiting_request() -> None:
     async def main() -> None:
-        async with _serving(V2Server()) as port:
+        async with serving_here(V2Server()) as port:
             c = Client("127.0.0.1", port, max_connections=1, retry=None)
             opening = c._open_stream
             gate = asyncio.Event()

@@ -17,6 +17,8 @@ import binproto
 from binproto.adapters import asyncio as aio_adapter
 from binproto.adapters import trio as trio_adapter
 
+from .fakes import MemoryStream
+
 # A response of four 1 MiB pieces, each compressed slowly on purpose.
 X = np.arange(1 << 20, dtype=np.float32)
 PIECE_DELAY = 0.25
@@ -170,23 +172,12 @@ def test_trio_client_compresses_requests_off_the_loop(slow: SlowCompression) -> 
 # -- decompression yields to other tasks ------------------------------------------
 
 
-class OneRead:
-    """A stream whose whole body arrives in one read, as a fast peer's can."""
-
-    timeout: float | None = None
+class OneRead(MemoryStream):
+    """A stream whose whole body arrives in one read, as a fast peer's can,
+    and that lets other tasks run at a checkpoint."""
 
     def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    async def receive_some(self, max_bytes: int) -> bytes:
-        data, self.data = self.data[:max_bytes], self.data[max_bytes:]
-        return data
-
-    async def send_all(self, buffers: Any) -> None:
-        raise AssertionError("nothing is sent")
-
-    async def aclose(self) -> None:
-        pass
+        super().__init__(data, sending=False)
 
     async def checkpoint(self) -> None:
         import asyncio

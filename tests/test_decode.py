@@ -13,8 +13,8 @@ import binproto
 from binproto import LocalProtocolError, Parser, RemoteProtocolError
 from binproto._decode import decode
 
+from .bad_bodies import FAULTS
 from .helpers import run
-from .test_parser import FAULTS
 
 
 def test_whole_body_tensors_are_views_of_the_body() -> None:

@@ -10,8 +10,10 @@ import pytest
 import binproto
 from binproto._http import MAX_ERROR_BODY, MAX_ERROR_TEXT, error_text
 from binproto.adapters import asgi
+from binproto.adapters._server import V2Server
 from binproto.adapters.h11 import error_response
-from tests.test_timeouts import BACKENDS, _connect, _until_closed, serving
+
+from .servers import connect, running, until_closed
 
 
 @pytest.mark.parametrize(
@@ -40,7 +42,6 @@ def test_the_peers_text_is_cut_at_1_kib_and_the_offset_kept() -> None:
         assert error.startswith("illegal header line: 'aaa") and "b'" not in error
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
     "head",
     [
@@ -49,10 +50,10 @@ def test_the_peers_text_is_cut_at_1_kib_and_the_offset_kept() -> None:
     ],
     ids=["header-line", "request-line"],
 )
-def test_a_refused_head_is_quoted_as_text_and_cut(backend: str, head: bytes) -> None:
-    with serving(backend) as port, _connect(port) as sock:
+def test_a_refused_head_is_quoted_as_text_and_cut(http_backend: str, head: bytes) -> None:
+    with running(http_backend, V2Server()) as server, connect(server.port) as sock:
         sock.sendall(head)
-        received = _until_closed(sock)
+        received = until_closed(sock)
     assert received.startswith(b"HTTP/1.1 400 "), received[:200]
     error = json.loads(received.partition(b"\r\n\r\n")[2])["error"]
     assert "bytearray(" not in error and "b'" not in error
@@ -104,11 +105,10 @@ def _request(target: str, body: bytes) -> bytes:
     return head.encode() + body
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", ["é" * 2000, "😀" * 2000], ids=["latin", "astral"])
 @pytest.mark.parametrize("where", ["request-line", "json-header"])
 def test_a_server_answers_a_long_non_ascii_name_within_1024_bytes(
-    backend: str, name: str, where: str
+    http_backend: str, name: str, where: str
 ) -> None:
     if where == "request-line":  # (h11 refuses a target that is not ASCII)
         request = _request(f"/v2/models/{name}/infer", b"{}")
@@ -116,9 +116,9 @@ def test_a_server_answers_a_long_non_ascii_name_within_1024_bytes(
         tensor = {"name": name, "datatype": "FP32", "shape": [1], "data": [1.0]}
         body = json.dumps({"inputs": [tensor, tensor]}, ensure_ascii=False).encode()
         request = _request("/v2/models/echo/infer", body)
-    with serving(backend) as port, _connect(port) as sock:
+    with running(http_backend, V2Server()) as server, connect(server.port) as sock:
         sock.sendall(request)
-        received = _until_closed(sock)
+        received = until_closed(sock)
     assert received.startswith(b"HTTP/1.1 400 "), received[:200]
     payload = received.partition(b"\r\n\r\n")[2]
     assert len(payload) <= MAX_ERROR_BODY

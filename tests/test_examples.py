@@ -6,7 +6,6 @@ import asyncio
 import importlib.util
 import subprocess
 import sys
-import threading
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +19,8 @@ import pytest
 import binproto
 from binproto.adapters.asyncio import Client, V2Server, start_server
 from binproto.adapters.h11 import HTTPError
+
+from .servers import running
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -37,28 +38,8 @@ def load(name: str) -> ModuleType:
 @contextmanager
 def serving(server: V2Server | None = None) -> Iterator[int]:
     """Run binproto's asyncio server in a thread; yield its port."""
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    port: list[int] = []
-    stop: list[asyncio.Event] = []
-
-    async def run() -> None:
-        srv = await start_server(server, "127.0.0.1", 0)
-        port.append(srv.sockets[0].getsockname()[1])
-        stop.append(asyncio.Event())
-        started.set()
-        async with srv:
-            await stop[0].wait()
-
-    thread = threading.Thread(target=loop.run_until_complete, args=(run(),), daemon=True)
-    thread.start()
-    assert started.wait(30), "the server did not start"
-    try:
-        yield port[0]
-    finally:
-        loop.call_soon_threadsafe(stop[0].set)
-        thread.join(30)
-        loop.close()
+    with running("asyncio", server or V2Server()) as served:
+        yield served.port
 
 
 # -- asyncio_server.py -----------------------------------------------------------

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from binproto.adapters._server import InferenceError, InferRequest, Model, V2Server
-from tests.test_timeouts import BACKENDS, _asyncio_server, _connect, _trio_server, _until_closed
+
+from .servers import connect, running, until_closed
 
 #: Measures memory or latency: no other test may run beside it.
 pytestmark = pytest.mark.serial
@@ -57,15 +58,11 @@ MODELS = [
 ]
 
 
-@pytest.fixture(params=BACKENDS)
-def port(request: pytest.FixtureRequest) -> Iterator[int]:
+@pytest.fixture
+def port(http_backend: str) -> Iterator[int]:
     app = V2Server(MODELS)
-    if request.param == "trio":
-        with _trio_server(app) as p:
-            yield p
-    else:
-        with _asyncio_server(app, zero_copy=request.param == "asyncio") as p:
-            yield p
+    with running(http_backend, app) as server:
+        yield server.port
 
 
 def _compressed_request(
@@ -114,9 +111,9 @@ def test_a_failed_requests_arrays_are_freed_without_the_collector(
     wire = _compressed_request(model, np.arange(1 << 18, dtype=np.float32), **fault)
     gc.disable()
     try:
-        with _connect(port) as sock:
+        with connect(port) as sock:
             sock.sendall(wire)
-            received = _until_closed(sock)
+            received = until_closed(sock)
         assert received.startswith(status), received[:200]
         # The answer is sent once the request's memory is let go.
         assert len(ASSEMBLED) == 1
@@ -135,8 +132,7 @@ async def _answer_big(request: InferRequest) -> Any:
     return {"x": output}
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_a_response_nobody_reads_is_freed_after_the_write_stall(backend: str) -> None:
+def test_a_response_nobody_reads_is_freed_after_the_write_stall(http_backend: str) -> None:
     import h11
 
     import binproto
@@ -152,14 +148,9 @@ def test_a_response_nobody_reads_is_freed_after_the_write_stall(backend: str) ->
     wire = b"".join(
         bytes(p) for p in send_message(conn, request_for("/v2/models/big/infer", body), body)
     )
-    servers = (
-        _trio_server(app)
-        if backend == "trio"
-        else _asyncio_server(app, zero_copy=backend == "asyncio")
-    )
     gc.disable()
     try:
-        with servers as port, _connect(port) as sock:
+        with running(http_backend, app) as server, connect(server.port) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
             sock.sendall(wire)  # and never reads: the server gives up on it
             deadline = time.monotonic() + 5
@@ -197,15 +188,15 @@ def test_failing_256_mib_requests_leave_the_server_near_idle() -> None:
         assert match
         server_port = int(match.group(1))
         small = _compressed_request("echo", np.zeros(16, dtype=np.float32))
-        with _connect(server_port) as sock:
+        with connect(server_port) as sock:
             sock.sendall(small)
-            assert _until_closed(sock).startswith(b"HTTP/1.1 200 ")
+            assert until_closed(sock).startswith(b"HTTP/1.1 200 ")
         idle = _rss(proc.pid)
         for _ in range(4):
-            with _connect(server_port) as sock:
+            with connect(server_port) as sock:
                 sock.settimeout(60)
                 sock.sendall(wire)
-                received = _until_closed(sock)
+                received = until_closed(sock)
             assert received.startswith(b"HTTP/1.1 400 "), received[:200]
         time.sleep(0.5)
         after = _rss(proc.pid)

@@ -19,7 +19,7 @@ import pytest
 
 import binproto
 
-from .test_cli_workers import _answering_pids, _gone
+from .servers import answering_pids, gone
 
 pytest.importorskip("gunicorn")
 pytest.importorskip("uvicorn_worker")
@@ -71,10 +71,10 @@ def test_v2app_under_gunicorn_with_uvicorn_workers() -> None:
             400,
             {"error": "unexpected inference output 'z' for model 'pid'"},
         )
-        assert set(_answering_pids(port, 16)) <= children
+        assert set(answering_pids(port, 16)) <= children
         proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 5
-        while not (proc.poll() is not None and all(map(_gone, children))):
+        while not (proc.poll() is not None and all(map(gone, children))):
             assert time.monotonic() < deadline, "gunicorn still running 5 s after SIGTERM"
             time.sleep(0.05)
     finally:

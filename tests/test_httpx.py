@@ -7,8 +7,6 @@ import asyncio
 import errno
 import gzip
 import json
-import socket
-import struct
 import threading
 import tracemalloc
 import zlib
@@ -24,6 +22,7 @@ import binproto
 from binproto import RequestedOutput
 from binproto.adapters import httpx as bphttpx
 from tests.example_server import Server, run_example_server
+from tests.fakes import ScriptedServer
 from tests.helpers import arrays_equal
 
 MiB = 1 << 20
@@ -427,34 +426,8 @@ def test_a_response_whose_body_was_read_already_is_refused() -> None:
 def canned_server(response: bytes, *, reset: bool = False) -> Iterator[str]:
     """A server on 127.0.0.1 that reads one request, writes ``response`` as it
     is and closes the connection (``reset``: with a TCP reset); yields its URL."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    listener.settimeout(10)
-
-    def serve() -> None:
-        try:
-            conn, _ = listener.accept()
-            with conn:
-                head = b""
-                while b"\r\n\r\n" not in head:
-                    head += conn.recv(65536)
-                head, _, body = head.partition(b"\r\n\r\n")
-                fields = dict(line.split(b":", 1) for line in head.split(b"\r\n")[1:])
-                length = int({k.lower(): v for k, v in fields.items()}[b"content-length"])
-                while len(body) < length:  # read it all, so closing sends no reset
-                    body += conn.recv(65536)
-                conn.sendall(response)
-                if reset:  # (a zero linger time: close sends RST)
-                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        except OSError:
-            pass  # the client stopped reading (a bounded error body) and closed
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        thread.join(10)
-        listener.close()
+    with ScriptedServer([[response, "reset" if reset else "close"]]) as fake:
+        yield f"http://127.0.0.1:{fake.port}"
 
 
 def infer_from(

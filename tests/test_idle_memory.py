@@ -21,7 +21,8 @@ import pytest
 import binproto
 from binproto.adapters._server import ByteStream, Timeouts, V2Server
 from binproto.adapters.asyncio import close_server, start_server
-from tests.test_timeouts import _asyncio_server, _connect
+
+from .servers import connect, running
 
 #: Measures memory or latency: no other test may run beside it.
 pytestmark = pytest.mark.serial
@@ -62,7 +63,7 @@ def _settle(app: _CountingServer, count: int) -> None:
 def _open(port: int, request: bool) -> list[socket.socket]:
     socks = []
     for _ in range(COUNT):
-        sock = _connect(port)
+        sock = connect(port)
         if request:
             sock.sendall(GET_LIVE)
             assert sock.recv(1024).startswith(b"HTTP/1.1 200 ")
@@ -79,7 +80,8 @@ def _open(port: int, request: bool) -> list[socket.socket]:
 def test_an_idle_connection_costs_little(zero_copy: bool, bound: int, request_first: bool) -> None:
     # The default timeouts: the keep-alive wait holds a timer handle, no task.
     app = _CountingServer(timeouts=Timeouts(keep_alive=60))
-    with _asyncio_server(app, zero_copy=zero_copy) as port:
+    with running("asyncio" if zero_copy else "asyncio-streams", app) as server:
+        port = server.port
         warm = _open(port, request_first)  # the first connections' one-off costs
         _settle(app, COUNT)
         tracemalloc.start()
@@ -99,7 +101,7 @@ def test_an_idle_connection_costs_little(zero_copy: bool, bound: int, request_fi
 
 def _echo_once(port: int, body: bytes, header_length: int) -> socket.socket:
     """A connection that has had one tensor echoed, read to its last byte."""
-    sock = _connect(port)
+    sock = connect(port)
     head = (
         b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n"
         b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
@@ -121,16 +123,14 @@ def test_an_idle_connection_after_a_tensor_costs_little(loop: str) -> None:
     # uvloop asks for the next receive buffer as soon as a read fills the one
     # it had (the last bytes of a tensor, received in place), though nothing
     # more has come: that buffer must not be kept while the connection idles.
-    factory = asyncio.new_event_loop
-    if loop == "uvloop":
-        factory = pytest.importorskip("uvloop").new_event_loop
     encoded = binproto.encode_request(
         {"x": np.arange(100_000, dtype=np.float32)}, binary_data_output=True
     )
     body, hl = bytes(encoded), encoded.header_length
     assert hl is not None
     app = V2Server(timeouts=Timeouts(keep_alive=60))
-    with _asyncio_server(app, zero_copy=True, loop_factory=factory) as port:
+    with running("asyncio", app, loop=loop) as server:
+        port = server.port
         warm = [_echo_once(port, body, hl) for _ in range(5)]
         time.sleep(0.2)
         tracemalloc.start()
@@ -165,8 +165,9 @@ def test_a_connection_waiting_on_some_bytes_holds_no_whole_receive_buffer(
 
     count = 100
     app = V2Server([Model("slow", slow)], timeouts=Timeouts(keep_alive=60, body=60))
-    with _asyncio_server(app, zero_copy=True) as port:
-        socks = [_connect(port) for _ in range(5)]  # the first connections' one-off costs
+    with running("asyncio", app) as server:
+        port = server.port
+        socks = [connect(port) for _ in range(5)]  # the first connections' one-off costs
         for sock in socks:
             sock.sendall(GET_LIVE)
             assert sock.recv(1024).startswith(b"HTTP/1.1 200 ")
@@ -175,7 +176,7 @@ def test_a_connection_waiting_on_some_bytes_holds_no_whole_receive_buffer(
         try:
             before = tracemalloc.get_traced_memory()[0]
             for _ in range(count):
-                sock = _connect(port)
+                sock = connect(port)
                 if case == "slow-body":
                     sock.sendall(
                         b"POST /v2/models/slow/infer HTTP/1.1\r\nHost: x\r\n"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 from typing import Any
@@ -23,11 +22,11 @@ from binproto import (
     Parser,
     ParserState,
     RemoteProtocolError,
-    TensorAssembler,
     TensorChunk,
     TensorComplete,
 )
 
+from .bad_bodies import FAULTS, one
 from .helpers import (
     assert_same_everywhere,
     bytes_tensor,
@@ -384,114 +383,6 @@ def test_non_buffer_is_local_error() -> None:
 # -- faults ------------------------------------------------------------------------
 
 
-def _one(name: Any = "x", **fields: Any) -> dict[str, Any]:
-    t = {"name": name, "shape": [2], "datatype": "INT32", "parameters": {"binary_data_size": 8}}
-    t.update(fields)
-    return {"inputs": [t]}
-
-
-def _fault(header: Any, tensors: bytes = b"", *, hl: Any = "json", cl: Any = None) -> Any:
-    js = header if isinstance(header, bytes) else json.dumps(header).encode()
-    body = js + tensors
-    return body, (len(js) if hl == "json" else hl), (len(body) if cl == "body" else cl)
-
-
-def _truncated() -> Any:
-    body, hl, cl = _fault(_one(), b"\0" * 8, cl="body")
-    return body[:-3], hl, cl
-
-
-FAULTS = {
-    "json invalid": (_fault(b'{"inputs": [}'), "failed to parse the request JSON", 400, 12),
-    "json integer over the digit limit": (
-        _fault(b'{"inputs": [], "id": ' + b"9" * 5000 + b"}"), "digits", 400, 0),
-    "truncated with content length": (
-        _truncated(), "expecting 3 additional bytes", 400, "end"),
-    "json not an object": (_fault(b"[1, 2]"), "not a JSON object", 400, 0),
-    "invalid utf-8": (_fault(b'{"inputs": [], "id": "\xff"}'), "invalid UTF-8", 400, 22),
-    "inputs missing": (_fault({"outputs": []}), "Unable to parse 'inputs'", 400, 0),
-    "name not a string": (_fault(_one(name=5)), "Unable to parse 'name'", 400, 0),
-    "unknown datatype": (_fault(_one(datatype="FP8")), "invalid datatype 'FP8'", 400, 0),
-    "shape negative": (_fault(_one(shape=[-2])), "Unable to parse 'shape'", 400, 0),
-    "shape float": (_fault(_one(shape=[2.0])), "Unable to parse 'shape'", 400, 0),
-    "shape bool": (_fault(_one(shape=[True])), "Unable to parse 'shape'", 400, 0),
-    "shape not a list": (_fault(_one(shape=2)), "Unable to parse 'shape'", 400, 0),
-    "data and binary": (
-        _fault(_one(data=[1, 2]), b"\0" * 8), "But set 'data' 'binary_data_size'", 400, 0),
-    "neither data nor binary": (_fault(_one(parameters={})), "no field is set", 400, 0),
-    "binary size wrong": (
-        _fault(_one(parameters={"binary_data_size": 7}), b"\0" * 7),
-        "unexpected total byte size 7 for input 'x', expecting 8", 400, 0),
-    "binary size negative": (
-        _fault(_one(parameters={"binary_data_size": -8})), "binary_data_size", 400, 0),
-    "binary size bool": (
-        _fault(_one(parameters={"binary_data_size": True})), "binary_data_size", 400, 0),
-    "duplicate names": (
-        _fault({"inputs": _one()["inputs"] * 2}, b"\0" * 16), "duplicate input name 'x'", 400, 0),
-    "parameters not an object": (_fault(_one(parameters=[1])), "'parameters'", 400, 0),
-    "binary_data not bool": (
-        _fault({"inputs": [], "outputs": [{"name": "o", "parameters": {"binary_data": 1}}]}),
-        "binary_data", 400, 0),
-    "short body at end": (
-        _fault(_one(), b"\0" * 5),
-        "unexpected size for input 'x', expecting 3 additional bytes", 400, None),
-    "short body with content length": (
-        _fault(_one(), b"\0" * 5, cl="body"), "more than the 5 left in the body", 400, None),
-    "content length beyond what is announced": (
-        _fault(_one(), b"\0" * 8, cl=999), "890 bytes beyond the 8 bytes", 400, None),
-    "bytes after last tensor": (
-        _fault(_one(), b"\0" * 9), "unexpected additional input data", 400, None),
-    "extra bytes with content length": (
-        _fault(_one(), b"\0" * 9, cl="body"), "unexpected additional input data", 400, None),
-    "header longer than body": (
-        _fault(_one(), b"\0" * 8, hl=10_000), "expecting", 400, None),
-    "header length over content length": (
-        _fault(_one(), b"\0" * 8, hl=10_000, cl="body"), "inference header size", 400, "end"),
-    "binary without header length": (
-        _fault(_one(), hl=None), "must specify valid 'Inference-Header-Content-Length'", 400, None),
-    "json count differs from shape": (
-        _fault({"inputs": [{"name": "x", "shape": [3], "datatype": "INT8", "data": [1, 2]}]}),
-        r"shape \[3\] holds 3, got 2", 400, 0),
-    "json value out of range": (
-        _fault({"inputs": [{"name": "x", "shape": [1], "datatype": "INT8", "data": [128]}]}),
-        "does not fit datatype INT8", 400, 0),
-    "json float for int": (
-        _fault({"inputs": [{"name": "x", "shape": [1], "datatype": "INT8", "data": [1.5]}]}),
-        "does not fit", 400, 0),
-    "json string for bool": (
-        _fault({"inputs": [{"name": "x", "shape": [1], "datatype": "BOOL", "data": ["y"]}]}),
-        "does not fit", 400, 0),
-    "json ragged nesting": (
-        _fault({"inputs": [{"name": "x", "shape": [2, 2], "datatype": "INT8",
-                            "data": [[1, 2], [3]]}]}),
-        "neither flat nor nested", 400, 0),
-    "bool byte not 0 or 1": (
-        _fault({"inputs": [{"name": "b", "shape": [3], "datatype": "BOOL",
-                            "parameters": {"binary_data_size": 3}}]}, b"\x01\x00\x02"),
-        "invalid BOOL value 2", 400, "last"),
-    "bytes prefix overruns": (
-        _fault({"inputs": [{"name": "s", "shape": [1], "datatype": "BYTES",
-                            "parameters": {"binary_data_size": 6}}]}, b"\x05\0\0\0ab"),
-        "claims 5 bytes but only 2 remain", 400, "tensor"),
-    "bytes too many elements": (
-        _fault({"inputs": [{"name": "s", "shape": [1], "datatype": "BYTES",
-                            "parameters": {"binary_data_size": 9}}]}, b"\x01\0\0\0a\0\0\0\0"),
-        "more than the 1 its shape holds", 400, "tensor+5"),
-    "bytes too few elements": (
-        _fault({"inputs": [{"name": "s", "shape": [2], "datatype": "BYTES",
-                            "parameters": {"binary_data_size": 8}}]}, b"\x04\0\0\0abcd"),
-        "binary_data_size holds 1", 400, "end"),
-    "bytes partial prefix": (
-        _fault({"inputs": [{"name": "s", "shape": [2], "datatype": "BYTES",
-                            "parameters": {"binary_data_size": 8}}]}, b"\x01\0\0\0ab\0\0"),
-        "more than the|partial", 400, None),
-    "bytes size below prefixes": (
-        _fault({"inputs": [{"name": "s", "shape": [3], "datatype": "BYTES",
-                            "parameters": {"binary_data_size": 8}}]}, b"\0" * 8),
-        "need at least 12 bytes", 400, 0),
-}  # fmt: skip
-
-
 @pytest.mark.parametrize("name", sorted(FAULTS))
 def test_fault_is_reported_the_same_in_every_chunking(name: str) -> None:
     (body, hl, cl), message, status, offset = FAULTS[name]
@@ -541,10 +432,14 @@ def test_limits_are_checked_on_claims_before_bytes_arrive() -> None:
 @pytest.mark.parametrize(
     ("limits", "header", "match"),
     [
-        (Limits(max_tensor_bytes=7), _one(), "exceeds the limit of 7"),
-        (Limits(max_tensors=1), {"inputs": _one()["inputs"] + _one("y")["inputs"]}, "limit of 1"),
-        (Limits(max_body_bytes=20), _one(), "over the limit of 20"),
-        (Limits(max_header_bytes=20), _one(), "exceeds the limit of 20"),
+        (Limits(max_tensor_bytes=7), one(), "exceeds the limit of 7"),
+        (
+            Limits(max_tensors=1),
+            {"inputs": one()["inputs"] + one("y")["inputs"]},
+            "limit of 1",
+        ),
+        (Limits(max_body_bytes=20), one(), "over the limit of 20"),
+        (Limits(max_header_bytes=20), one(), "exceeds the limit of 20"),
     ],
 )
 def test_size_limits_answer_413(limits: Limits, header: Any, match: str) -> None:
@@ -835,127 +730,3 @@ def test_after_message_complete_events_yield_nothing_and_the_end_mark_is_harmles
     assert p.state.name == "ERROR"
     with pytest.raises(binproto.LocalProtocolError):
         list(p.events())
-
-
-# -- next_tensor_region: where the next body bytes belong --------------------------
-
-
-def _region_body(**kw: Any) -> binproto.EncodedBody:
-    inputs = {
-        "a": np.arange(10, dtype=np.int32),
-        "j": [1, 2, 3],
-        "b": np.array([True, False, True]),
-    }
-    return binproto.encode_request(inputs, **kw)
-
-
-def _region_parser(body: binproto.EncodedBody) -> Parser:
-    return Parser("request", header_length=body.header_length, content_length=body.content_length)
-
-
-def _region_take(p: Parser, asm: TensorAssembler) -> None:
-    for event in p.events():
-        asm.feed(event)
-
-
-def test_regions_walk_the_binary_tensors_in_body_order() -> None:
-    body = _region_body()
-    p = _region_parser(body)
-    assert p.next_tensor_region() is None  # still in the JSON header
-    p.receive_data(body.json)
-    asm = TensorAssembler()
-    assert p.next_tensor_region() is None  # the header is buffered, not parsed
-    _region_take(p, asm)
-    assert p.next_tensor_region() == (0, 0, 40)
-    data = bytes(body)[len(body.json) :]
-    # Fill tensor "a" in two receives straight into its memory.
-    view = asm.target(0)[0:15]
-    view[:] = data[:15]
-    p.receive_data(view)
-    _region_take(p, asm)
-    assert p.next_tensor_region() == (0, 15, 25)
-    view = asm.target(0)[15:40]
-    view[:] = data[15:40]
-    p.receive_data(view)
-    _region_take(p, asm)
-    # "j" is JSON data: its TensorComplete needed no bytes; next comes "b" (index 2).
-    assert p.next_tensor_region() == (2, 0, 3)
-    view = asm.target(2)[0:3]
-    view[:] = data[40:43]
-    p.receive_data(view)
-    _region_take(p, asm)
-    assert p.next_tensor_region() is None  # the message is complete
-    assert p.state is binproto.ParserState.DONE
-    assert asm.bytes_in_place == 43 and asm.bytes_copied == 0
-    np.testing.assert_array_equal(asm.tensors["a"], np.arange(10, dtype=np.int32))
-    np.testing.assert_array_equal(asm.tensors["b"], [True, False, True])
-
-
-def test_no_region_while_bytes_wait_in_the_parser() -> None:
-    body = _region_body()
-    p = _region_parser(body)
-    p.receive_data(bytes(body)[: len(body.json) + 4])
-    event = p.next_event()
-    assert type(event) is binproto.HeaderParsed
-    assert p.next_tensor_region() is None  # 4 bytes of "a" are queued
-    assert type(p.next_event()) is binproto.TensorChunk
-    assert p.next_tensor_region() == (0, 4, 36)
-
-
-def test_no_region_when_the_next_event_needs_no_bytes() -> None:
-    body = binproto.encode_request({"z": np.zeros((0, 3), dtype=np.float32), "j": [1]})
-    p = _region_parser(body)
-    p.receive_data(bytes(body))
-    assert type(p.next_event()) is binproto.HeaderParsed
-    assert p.next_tensor_region() is None  # zero-size: complete at once
-    assert type(p.next_event()) is TensorComplete
-
-
-def test_no_region_for_a_compressed_body() -> None:
-    noise = np.random.default_rng(0).integers(0, 2**31, 1 << 16, dtype=np.int32)
-    body = binproto.encode_request({"a": noise})
-    packed = gzip.compress(bytes(body))
-    p = Parser(
-        "request",
-        header_length=body.header_length,
-        content_length=len(packed),
-        content_encoding="gzip",
-    )
-    p.receive_data(packed[: len(packed) // 2])
-    assert type(p.next_event()) is binproto.HeaderParsed
-    while p.next_event() is not NEED_DATA:
-        pass
-    assert p.state is binproto.ParserState.TENSORS  # in the middle of "a"
-    assert p.next_tensor_region() is None  # its bytes come out of the inflater
-
-
-def test_bytes_received_in_place_are_still_checked() -> None:
-    body = _region_body()
-    p = _region_parser(body)
-    asm = TensorAssembler()
-    p.receive_data(body.json)
-    _region_take(p, asm)
-    view = asm.target(0)[0:40]
-    view[:] = bytes(40)
-    p.receive_data(view)
-    _region_take(p, asm)
-    assert p.next_tensor_region() == (2, 0, 3)
-    bad = asm.target(2)[0:3]
-    bad[:] = b"\x00\x07\x01"  # BOOL must be 0 or 1
-    p.receive_data(bad)
-    with pytest.raises(RemoteProtocolError, match="invalid BOOL value 7") as info:
-        _region_take(p, asm)
-    assert info.value.offset == len(body.json) + 40 + 1
-    assert p.next_tensor_region() is None
-
-
-@pytest.mark.parametrize("name", ["header_length", "content_length"])
-@pytest.mark.parametrize("bad", [-1, 1.0, "3", True, np.int64(3)])
-def test_lengths_that_are_not_non_negative_ints_are_the_callers_error(
-    name: str, bad: object
-) -> None:
-    with pytest.raises(LocalProtocolError, match=f"{name} must be None or a non-negative int"):
-        Parser("request", **{name: bad})  # type: ignore[arg-type]
-    if name == "header_length":
-        with pytest.raises(LocalProtocolError, match="header_length must be"):
-            binproto.decode_request(b"{}", header_length=bad)  # type: ignore[arg-type]

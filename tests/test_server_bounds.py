@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,19 +24,15 @@ trio = pytest.importorskip("trio")
 
 from binproto.adapters import asyncio as ba  # noqa: E402
 
-from .servers import BACKENDS, Running, connect, read_all, serving  # noqa: E402
+from .fakes import ThreadedStream  # noqa: E402
+from .servers import Running, connect, read_all, serving  # noqa: E402
 
 SHORT = Timeouts(keep_alive=0.3, head=0.6, body=0.3, write=0.3)
 
 
-@pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
 @pytest.fixture
-def short(backend: str) -> Iterator[Running]:
-    yield from serving(backend, V2Server(timeouts=SHORT))
+def short(http_backend: str) -> Iterator[Running]:
+    yield from serving(http_backend, V2Server(timeouts=SHORT))
 
 
 # -- listening -----------------------------------------------------------------------------
@@ -108,16 +104,16 @@ def _claiming(size: int) -> bytes:
     return head + header
 
 
-def test_a_tensor_claim_bigger_than_memory_is_refused_at_once(backend: str) -> None:
+def test_a_tensor_claim_bigger_than_memory_is_refused_at_once(http_backend: str) -> None:
     # Within the limits (32 GiB a tensor) but more than this machine's memory:
     # 413 as soon as the allocation fails, and the claimed body is not read.
     patient = Timeouts(keep_alive=10, head=10, body=10, write=10)
-    for running in serving(backend, V2Server(timeouts=patient)):
+    for running in serving(http_backend, V2Server(timeouts=patient)):
         with connect(running.port) as sock:
             # Zero-copy servers allocate the tensor before its first byte is
             # read; through streams, on the first bytes: send some, then wait
             # (as a client may) for an early answer.
-            first = b"\0" * 1024 if backend == "asyncio-streams" else b""
+            first = b"\0" * 1024 if http_backend == "asyncio-streams" else b""
             sock.sendall(_claiming(30 << 30) + first)
             start = time.monotonic()
             received = read_all(sock)
@@ -140,7 +136,7 @@ def _bad_chunk() -> bytes:
 
 @pytest.mark.parametrize("how", ["plain", "expect-100", "head-too-big", "bad-chunk"])
 def test_a_client_that_reads_only_once_it_has_sent_all_gets_the_refusal(
-    backend: str, how: str
+    http_backend: str, how: str
 ) -> None:
     # 300 MiB past a 1 MiB limit: answered 413 at once, without reading the
     # body (over the 256 MiB the server drops to keep a connection). Closed
@@ -158,7 +154,7 @@ def test_a_client_that_reads_only_once_it_has_sent_all_gets_the_refusal(
         head = head.replace(b"Host: x\r\n", b"Host: x\r\nX-Pad: " + b"p" * 70_000 + b"\r\n")
     elif how == "bad-chunk":
         head = _bad_chunk()
-    for running in serving(backend, app):
+    for running in serving(http_backend, app):
         with connect(running.port) as sock:
             sock.sendall(head)
             sock.sendall(bytes(size))
@@ -169,11 +165,11 @@ def test_a_client_that_reads_only_once_it_has_sent_all_gets_the_refusal(
 
 
 def test_a_refused_client_that_sends_nothing_more_is_not_waited_for(
-    backend: str, monkeypatch: pytest.MonkeyPatch
+    http_backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_server, "LINGER_IDLE", 0.3)
     app = V2Server(limits=binproto.Limits(max_body_bytes=1 << 20))
-    for running in serving(backend, app):
+    for running in serving(http_backend, app):
         with connect(running.port) as sock:
             sock.sendall(_claiming(300 << 20))
             assert read_all(sock).startswith(b"HTTP/1.1 413 ")  # (then our side's end)
@@ -186,11 +182,11 @@ def test_a_refused_client_that_sends_nothing_more_is_not_waited_for(
 
 
 def test_a_refused_body_is_drained_for_a_bounded_time(
-    backend: str, monkeypatch: pytest.MonkeyPatch
+    http_backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_server, "LINGER", 0.5)
     app = V2Server(limits=binproto.Limits(max_body_bytes=1 << 20))
-    for running in serving(backend, app):
+    for running in serving(http_backend, app):
         with connect(running.port) as sock:
             sock.sendall(_claiming(1 << 40))
             start = time.monotonic()
@@ -203,30 +199,6 @@ def test_a_refused_body_is_drained_for_a_bounded_time(
 
 
 # -- big JSON headers ------------------------------------------------------------------------
-
-
-class Threaded:
-    """A stream whose body arrives in pieces, recording what runs in ``to_thread``."""
-
-    timeout: float | None = None
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.threaded: list[str] = []
-
-    async def receive_some(self, max_bytes: int) -> bytes:
-        data, self.data = self.data[: min(max_bytes, 1 << 16)], self.data[max_bytes:]
-        return data
-
-    async def send_all(self, buffers: Any) -> None:
-        raise AssertionError("nothing is sent")
-
-    async def aclose(self) -> None:
-        pass
-
-    async def to_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
-        self.threaded.append(fn.__name__)
-        return await asyncio.to_thread(fn, *args)
 
 
 @pytest.mark.parametrize("how", ["events", "tensors"])
@@ -251,7 +223,7 @@ def test_a_big_json_header_is_parsed_in_a_worker_thread(
         + f"Content-Length: {len(wire)}\r\n\r\n".encode()
     )
     assert isinstance(conn.next_event(), h11.Request)
-    stream = Threaded(wire)
+    stream = ThreadedStream(wire, most=1 << 16, sending=False)
 
     async def main() -> dict[str, Any]:
         claims = binproto.BodyClaims(len(wire), None, body.header_length)
@@ -302,10 +274,10 @@ def _gzip_request(claim: int, actual: int) -> bytes:
     return head + body
 
 
-def test_a_gzip_bomb_is_refused_by_its_trailer_before_it_is_inflated(backend: str) -> None:
+def test_a_gzip_bomb_is_refused_by_its_trailer_before_it_is_inflated(http_backend: str) -> None:
     # Claims 32 MiB of tensor, expands to 128 MiB: the trailer says so.
     wire = _gzip_request(32 << 20, 128 << 20)
-    for running in serving(backend, V2Server(timeouts=SHORT)):
+    for running in serving(http_backend, V2Server(timeouts=SHORT)):
         with connect(running.port) as sock:
             sock.sendall(wire)
             answer = sock.recv(65536)
@@ -313,9 +285,9 @@ def test_a_gzip_bomb_is_refused_by_its_trailer_before_it_is_inflated(backend: st
     assert b"by its trailer" in answer and b"not the 33554" in answer
 
 
-def test_an_honest_gzip_body_passes_the_trailer_check(backend: str) -> None:
+def test_an_honest_gzip_body_passes_the_trailer_check(http_backend: str) -> None:
     wire = _gzip_request(8 << 20, 8 << 20)
-    for running in serving(backend, V2Server(timeouts=SHORT)):
+    for running in serving(http_backend, V2Server(timeouts=SHORT)):
         with connect(running.port) as sock:
             sock.sendall(wire)
             answer = b""
@@ -415,7 +387,7 @@ def test_a_big_json_echo_peaks_under_12x_its_request() -> None:
     assert peak <= 12 * len(wire) + (8 << 20), peak / len(wire)
 
 
-def test_a_chunked_claim_past_the_limits_is_answered_at_once(backend: str) -> None:
+def test_a_chunked_claim_past_the_limits_is_answered_at_once(http_backend: str) -> None:
     # Known from the JSON header: answered 413 without waiting for the rest
     # of the body (before, at the 30 s body timeout), then the lingering close.
     app = V2Server(limits=binproto.Limits(max_body_bytes=1 << 20))
@@ -428,7 +400,7 @@ def test_a_chunked_claim_past_the_limits_is_answered_at_once(backend: str) -> No
         f"Inference-Header-Content-Length: {len(header)}\r\n"
         "Transfer-Encoding: chunked\r\n\r\n"
     ).encode()
-    for running in serving(backend, app):
+    for running in serving(http_backend, app):
         with connect(running.port) as sock:
             sock.sendall(head + b"%x\r\n" % len(header) + header + b"\r\n")
             sock.settimeout(10)  # (the body timeout is 30 s)
@@ -464,14 +436,14 @@ def _chunked_with_extension(length: int) -> bytes:
     [(_server.MAX_CHUNK_LINE, b"200"), (_server.MAX_CHUNK_LINE + 1, b"431"), (100_000, b"431")],
 )
 def test_a_long_chunk_line_is_refused_however_it_arrives(
-    backend: str, length: int, status: bytes, split: bool
+    http_backend: str, length: int, status: bytes, split: bool
 ) -> None:
     # h11 alone refused a long line only when more than 64 KiB of it waited
     # unfinished between two reads: 100 KB sent at once was refused, the same
     # bytes sent in two pieces served.
     request = _chunked_with_extension(length)
     at = request.index(b";e=") + 10
-    for running in serving(backend, V2Server()):
+    for running in serving(http_backend, V2Server()):
         with connect(running.port) as sock:
             if split:
                 sock.sendall(request[:at])
@@ -502,7 +474,7 @@ def test_chunk_lines_are_measured_the_same_in_every_chunking() -> None:
 
 
 @pytest.mark.parametrize("how", ["infer", "get"])
-def test_http_1_0_with_transfer_encoding_is_refused_and_closed(backend: str, how: str) -> None:
+def test_http_1_0_with_transfer_encoding_is_refused_and_closed(http_backend: str, how: str) -> None:
     # RFC 9112, section 6.1: the framing is faulty; answer 400, then close.
     # (Before, a well-formed chunked body was taken and answered 200.)
     if how == "infer":
@@ -510,7 +482,7 @@ def test_http_1_0_with_transfer_encoding_is_refused_and_closed(backend: str, how
     else:
         request = b"GET /v2/health/live HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
     request += b"GET /v2/health/live HTTP/1.0\r\n\r\n"  # (never answered: closed)
-    for running in serving(backend, V2Server()):
+    for running in serving(http_backend, V2Server()):
         with connect(running.port) as sock:
             sock.sendall(request)
             received = read_all(sock)

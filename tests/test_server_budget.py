@@ -22,7 +22,7 @@ from binproto import LocalProtocolError
 from binproto.adapters._server import Timeouts, V2Server
 from binproto.cli import build_parser
 
-from .servers import BACKENDS, Running, connect, read_all, request_bytes, serving
+from .servers import Running, connect, read_all, request_bytes, serving
 
 KiB = 1024
 BUDGET = 1024 * KiB
@@ -32,19 +32,14 @@ OTHER = np.arange(120_000, dtype=np.float32)  # 480,000 bytes
 TIMEOUTS = Timeouts(keep_alive=2.0, head=2.0, body=2.0, write=2.0)
 
 
-@pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
 @pytest.fixture
 def app() -> V2Server:
     return V2Server(timeouts=TIMEOUTS, max_body_bytes_in_flight=BUDGET)
 
 
 @pytest.fixture
-def running(backend: str, app: V2Server) -> Iterator[Running]:
-    yield from serving(backend, app)
+def running(http_backend: str, app: V2Server) -> Iterator[Running]:
+    yield from serving(http_backend, app)
 
 
 def wait_for(condition: Callable[[], bool], what: str) -> None:
@@ -139,9 +134,9 @@ def test_a_client_waiting_for_100_continue_is_refused_without_sending_its_body(
     assert status_of(holder.finish()) == 200
 
 
-def test_one_request_alone_is_taken_whatever_its_size(backend: str) -> None:
+def test_one_request_alone_is_taken_whatever_its_size(http_backend: str) -> None:
     app = V2Server(timeouts=TIMEOUTS, max_body_bytes_in_flight=KiB)
-    for server in serving(backend, app):
+    for server in serving(http_backend, app):
         with connect(server.port) as sock:
             sock.sendall(request_bytes({"x": HELD}))
             assert status_of(response(sock)) == 200
@@ -275,10 +270,10 @@ def test_a_budget_is_a_byte_count(most: object) -> None:
         V2Server(max_body_bytes_in_flight=most)  # type: ignore[arg-type]
 
 
-def test_without_a_budget_nothing_is_counted_nor_refused(backend: str) -> None:
+def test_without_a_budget_nothing_is_counted_nor_refused(http_backend: str) -> None:
     # The default: the two requests the budget above refuses together are served.
     app = V2Server(timeouts=TIMEOUTS)
-    for running in serving(backend, app):
+    for running in serving(http_backend, app):
         wire = request_bytes({"x": HELD})
         with connect(running.port) as held:
             held.sendall(wire[: len(wire) // 2])

@@ -26,15 +26,16 @@ import pytest
 import binproto
 from binproto.adapters._server import V2Server
 
+from .fakes import ThreadedStream
 from .helpers import claiming_header, gzip_then_zeros
 from .servers import ALL_BACKENDS, Running, serving
 
 pytest.importorskip("trio")
 
 
-@pytest.fixture(params=ALL_BACKENDS)
-def server(request: pytest.FixtureRequest) -> Iterator[Running]:
-    yield from serving(str(request.param), V2Server())
+@pytest.fixture
+def server(backend: str) -> Iterator[Running]:
+    yield from serving(backend, V2Server())
 
 
 def _rss() -> int:
@@ -163,34 +164,8 @@ def test_error_answers_of_the_new_limits_are_the_same_on_every_backend() -> None
 # -- work off the event loop ----------------------------------------------------------------
 
 
-class Recorded:
-    """A stream that holds one request and records what runs in ``to_thread``."""
-
-    timeout: float | None = None
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.sent = bytearray()
-        self.threaded: list[str] = []
-
-    async def receive_some(self, max_bytes: int) -> bytes:
-        data, self.data = self.data[:max_bytes], self.data[max_bytes:]
-        return data
-
-    async def send_all(self, buffers: Any) -> None:
-        for b in buffers:
-            self.sent += b
-
-    async def aclose(self) -> None:
-        pass
-
-    async def to_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
-        self.threaded.append(getattr(fn, "func", fn).__name__)
-        return await asyncio.to_thread(fn, *args)
-
-
-def _serve_one(request: bytes) -> Recorded:
-    stream = Recorded(
+def _serve_one(request: bytes) -> ThreadedStream:
+    stream = ThreadedStream(
         request + b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
     )
     asyncio.run(V2Server(compress_responses=False).serve_connection(stream))

@@ -26,6 +26,8 @@ from binproto.adapters._server import (
 )
 from binproto.adapters.h11 import fields_of
 
+from .fakes import MemoryStream, MemoryStreamInto
+
 
 def head_for(body: binproto.EncodedBody) -> bytes:
     """The head of an echo request carrying ``body``."""
@@ -42,28 +44,6 @@ REQUEST = HEAD + WIRE
 HL = BODY.header_length or 0
 
 
-class Script:
-    """A stream whose reads hand out ``reads`` in turn, then the end; what
-    the server writes is kept."""
-
-    timeout: float | None = None
-
-    def __init__(self, reads: list[bytes]) -> None:
-        self.reads = list(reads)
-        self.written = bytearray()
-
-    async def receive_some(self, max_bytes: int) -> bytes:
-        assert all(len(r) <= max_bytes for r in self.reads[:1])
-        return self.reads.pop(0) if self.reads else b""
-
-    async def send_all(self, buffers: Any) -> None:
-        for buf in buffers:
-            self.written += bytes(buf)
-
-    async def aclose(self) -> None:
-        pass
-
-
 def serve(reads: list[bytes], server: V2Server | None = None) -> tuple[bytes, int]:
     """What the server wrote for ``reads`` on one connection, and how many
     request heads h11 read."""
@@ -76,11 +56,11 @@ def serve(reads: list[bytes], server: V2Server | None = None) -> tuple[bytes, in
             heads[0] += 1
         return event
 
-    stream = Script(reads)
+    stream = MemoryStream(*reads, whole=True)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(h11.Connection, "next_event", counting)
         asyncio.run((server or V2Server([echo_model()])).serve_connection(stream))
-    return bytes(stream.written), heads[0]
+    return bytes(stream.sent), heads[0]
 
 
 def answers(written: bytes) -> list[bytes]:
@@ -272,40 +252,16 @@ def test_a_head_read_once_is_only_noted() -> None:
     assert known.get(b"1") is None
 
 
-class Bytes(Script):
-    """A stream handing out each read's bytes as asked (up to ``max_bytes``),
-    as ``bytearray`` when ``mutable``; with ``receive_into`` when ``into``."""
-
-    def __init__(self, reads: list[bytes], mutable: bool) -> None:
-        super().__init__(reads)
-        self.mutable = mutable
-
-    async def receive_some(self, max_bytes: int) -> bytes:
-        if not self.reads:
-            return b""
-        data, rest = self.reads[0][:max_bytes], self.reads[0][max_bytes:]
-        if rest:
-            self.reads[0] = rest
-        else:
-            self.reads.pop(0)
-        return bytearray(data) if self.mutable else data  # type: ignore[return-value]
-
-
-class Into(Bytes):
-    async def receive_into(self, view: memoryview) -> int:
-        data = await self.receive_some(len(view))
-        view[: len(data)] = data
-        return len(data)
-
-
 def _run(server: V2Server, reads: list[bytes], kind: str) -> tuple[bytes, list[bytes]]:
     """What ``server`` wrote for ``reads`` on one connection, and what it left
     unread. The streams never wait: the coroutine runs with no event loop."""
-    stream = (Into if kind == "into" else Bytes)(reads, mutable=kind == "bytearray")
+    stream = (MemoryStreamInto if kind == "into" else MemoryStream)(
+        *reads, mutable=kind == "bytearray"
+    )
     coroutine = server.serve_connection(stream)
     with pytest.raises(StopIteration):
         coroutine.send(None)
-    return bytes(stream.written), stream.reads
+    return bytes(stream.sent), stream.reads
 
 
 def test_a_known_head_is_served_as_h11_would_serve_it() -> None:

@@ -23,24 +23,7 @@ from binproto.adapters._server import (
 )
 from tests.helpers import make_body, normalize
 
-
-class Pieces:
-    """A stream handing out its bytes a few at a time."""
-
-    timeout: float | None = None
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    async def receive_some(self, max_bytes: int) -> bytes:
-        data, self.data = self.data[: min(max_bytes, 7)], self.data[min(max_bytes, 7) :]
-        return data
-
-    async def send_all(self, buffers: Any) -> None:
-        raise AssertionError("nothing is sent")
-
-    async def aclose(self) -> None:
-        pass
+from .fakes import MemoryStream
 
 
 def message(wire: bytes, header_length: int | None, *, with_head: bool) -> MessageBody:
@@ -49,7 +32,7 @@ def message(wire: bytes, header_length: int | None, *, with_head: bool) -> Messa
     head = b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
     conn.receive_data(head % len(wire) + (wire if with_head else b""))
     assert isinstance(conn.next_event(), h11.Request)
-    stream = Pieces(b"" if with_head else wire)
+    stream = MemoryStream(b"" if with_head else wire, most=7, sending=False)
     claims = binproto.BodyClaims(len(wire), None, header_length)
     return MessageBody(
         "request", claims, BodyReader(stream, conn, len(wire), receive_in_place=False)
@@ -247,28 +230,6 @@ def test_arrays_of_a_body_decoded_whole_are_aligned() -> None:
         np.testing.assert_array_equal(tensors[name], array)
 
 
-class Sent:
-    """A stream whose peer has sent ``data`` and closed: each read hands out
-    as much of it as is asked for, as a socket holding it all would."""
-
-    timeout: float | None = None
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.written = bytearray()
-
-    async def receive_some(self, max_bytes: int) -> bytes:
-        data, self.data = self.data[:max_bytes], self.data[max_bytes:]
-        return data
-
-    async def send_all(self, buffers: Any) -> None:
-        for buf in buffers:
-            self.written += bytes(buf)
-
-    async def aclose(self) -> None:
-        pass
-
-
 def test_a_64_kib_tensor_sent_at_once_is_decoded_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     # The first read of a head takes a body of WHOLE_BODY bytes with it, and a
     # 64 KiB tensor with its JSON header is within WHOLE_BODY: no parser.
@@ -280,10 +241,10 @@ def test_a_64_kib_tensor_sent_at_once_is_decoded_whole(monkeypatch: pytest.Monke
         b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
     ) % (body.header_length or 0, body.content_length)
     assert body.content_length <= WHOLE_BODY
-    stream = Sent(head + bytes(body))
+    stream = MemoryStream(head + bytes(body))
     asyncio.run(V2Server().serve_connection(stream))
-    assert stream.written.startswith(b"HTTP/1.1 200 ")
-    assert x.tobytes() in stream.written  # echoed
+    assert stream.sent.startswith(b"HTTP/1.1 200 ")
+    assert x.tobytes() in stream.sent  # echoed
     assert built == []
 
 

@@ -9,93 +9,30 @@ import contextlib
 import os
 import re
 import socket
-import threading
 import time
-from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import Any
 
 import h11
 import numpy as np
 import pytest
-import trio
 
 import binproto
 from binproto import LocalProtocolError
 from binproto.adapters import asyncio as ba
 from binproto.adapters import trio as bt
 from binproto.adapters._server import Model, Timeouts, V2Server
-from binproto.adapters.asyncio import close_server, start_server
 from binproto.adapters.h11 import request_for, send_message
 
-from .helpers import Scripted, ScriptedInPlace
-
-BACKENDS = ["asyncio", "asyncio-streams", "trio"]
-
-
-@contextlib.contextmanager
-def _asyncio_server(
-    app: V2Server,
-    zero_copy: bool,
-    loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop,
-    **options: Any,
-) -> Iterator[int]:
-    loop = loop_factory()
-    ready = threading.Event()
-    state: dict[str, Any] = {}
-
-    async def main() -> None:
-        srv = await start_server(app, "127.0.0.1", 0, zero_copy=zero_copy, **options)
-        state["port"] = srv.sockets[0].getsockname()[1]
-        state["stop"] = stop = asyncio.Event()
-        ready.set()
-        try:
-            await stop.wait()
-        finally:
-            await close_server(srv)
-
-    thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
-    thread.start()
-    assert ready.wait(10)
-    try:
-        yield state["port"]
-    finally:
-        loop.call_soon_threadsafe(state["stop"].set)
-        thread.join(10)
-        loop.close()
+from .fakes import TimingOutStream, TimingOutStreamInto
+from .servers import Running, connect, running, until_closed
 
 
-@contextlib.contextmanager
-def _trio_server(app: V2Server, **options: Any) -> Iterator[int]:
-    ready = threading.Event()
-    state: dict[str, Any] = {}
-
-    def started(port: int) -> None:
-        state["port"] = port
-        ready.set()
-
-    async def main() -> None:
-        with trio.CancelScope() as scope:
-            state["scope"] = scope
-            state["token"] = trio.lowlevel.current_trio_token()
-            await bt.serve(app, ready=started, **options)
-
-    thread = threading.Thread(target=trio.run, args=(main,), daemon=True)
-    thread.start()
-    assert ready.wait(10)
-    try:
-        yield state["port"]
-    finally:
-        state["token"].run_sync_soon(state["scope"].cancel)
-        thread.join(10)
-
-
-def serving(backend: str, timeouts: Timeouts | None = None, **options: Any) -> Any:
-    """A server on ``backend`` in a thread; the context manager yields its port."""
-    app = V2Server(timeouts=timeouts) if timeouts is not None else V2Server()
-    if backend == "trio":
-        return _trio_server(app, **options)
-    return _asyncio_server(app, zero_copy=backend == "asyncio", **options)
+def _served(
+    backend: str, timeouts: Timeouts, **options: Any
+) -> contextlib.AbstractContextManager[Running]:
+    """A server with ``timeouts`` on ``backend``; ``options`` are those of :class:`Running`."""
+    return running(backend, V2Server(timeouts=timeouts), **options)
 
 
 def _request(x: np.ndarray[Any, Any]) -> bytes:
@@ -104,21 +41,6 @@ def _request(x: np.ndarray[Any, Any]) -> bytes:
     return b"".join(
         bytes(p) for p in send_message(conn, request_for("/v2/models/echo/infer", body), body)
     )
-
-
-def _connect(port: int) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
-
-
-def _until_closed(sock: socket.socket) -> bytes:
-    """Everything the server sends until it closes (the socket's timeout bounds each wait)."""
-    data = bytearray()
-    with contextlib.suppress(ConnectionResetError):
-        while chunk := sock.recv(1 << 20):
-            data += chunk
-    return bytes(data)
 
 
 GET_LIVE = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -158,46 +80,47 @@ def test_a_client_timeout_must_be_positive_seconds_or_none(backend: str, bad: An
     assert Timeouts(keep_alive=np.float64(5.0)).keep_alive == 5.0  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_an_idle_connection_is_closed_after_keep_alive(backend: str) -> None:
+def test_an_idle_connection_is_closed_after_keep_alive(http_backend: str) -> None:
     # (1 s: time enough for this side to send its request after connecting)
-    with serving(backend, Timeouts(keep_alive=1)) as port:
-        with _connect(port) as sock:  # never sends a byte
+    with _served(http_backend, Timeouts(keep_alive=1)) as server:
+        with connect(server.port) as sock:  # never sends a byte
             start = time.monotonic()
-            assert _until_closed(sock) == b""
+            assert until_closed(sock) == b""
             assert time.monotonic() - start < 3
-        with _connect(port) as sock:  # idle after a response
+        with connect(server.port) as sock:  # idle after a response
             sock.sendall(GET_LIVE)
             start = time.monotonic()
-            data = _until_closed(sock)
+            data = until_closed(sock)
             assert data.startswith(b"HTTP/1.1 200 ") and data.count(b"HTTP/1.1") == 1
             assert time.monotonic() - start < 3
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_a_short_keep_alive_after_a_long_body_wait_still_closes_in_time(backend: str) -> None:
+def test_a_short_keep_alive_after_a_long_body_wait_still_closes_in_time(http_backend: str) -> None:
     # The body is waited for under its 30 s bound, then the connection idles
     # under a 0.2 s one: the earlier deadline counts (asyncio keeps one timer
     # per connection, moved only when it fires, so it must be moved sooner).
     wire = _request(np.arange(4000, dtype=np.float32))
-    with serving(backend, Timeouts(keep_alive=0.2, head=30, body=30, write=30)) as port:
-        with _connect(port) as sock:
+    with running(
+        http_backend, V2Server(timeouts=Timeouts(keep_alive=0.2, head=30, body=30, write=30))
+    ) as server:
+        with connect(server.port) as sock:
             sock.sendall(wire[:-100])
             time.sleep(0.5)  # past the keep-alive: the body's bound is the one running
             sock.sendall(wire[-100:])
             start = time.monotonic()
-            data = _until_closed(sock)
+            data = until_closed(sock)
             assert data.startswith(b"HTTP/1.1 200 ") and data.count(b"HTTP/1.1") == 1
             assert time.monotonic() - start < 3
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_a_dripped_head_is_cut_at_its_deadline(backend: str) -> None:
+def test_a_dripped_head_is_cut_at_its_deadline(http_backend: str) -> None:
     # Each byte comes well within every per-read bound: only a deadline on
     # the whole head cuts it.
     head = b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: a\r\n" * 100
-    with serving(backend, Timeouts(keep_alive=1, head=0.6, body=1, write=1)) as port:
-        with _connect(port) as sock:
+    with running(
+        http_backend, V2Server(timeouts=Timeouts(keep_alive=1, head=0.6, body=1, write=1))
+    ) as server:
+        with connect(server.port) as sock:
             start = time.monotonic()
             with contextlib.suppress(ConnectionError):
                 for i in range(len(head)):
@@ -205,33 +128,34 @@ def test_a_dripped_head_is_cut_at_its_deadline(backend: str) -> None:
                     time.sleep(0.02)
                     if time.monotonic() - start > 5:
                         break
-            received = _until_closed(sock)
+            received = until_closed(sock)
             elapsed = time.monotonic() - start
     assert received.startswith(b"HTTP/1.1 408 "), received[:200]
     assert b"Connection: close" in received and b"request head" in received
     assert elapsed < 3
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_a_stalled_body_is_answered_408(backend: str) -> None:
+def test_a_stalled_body_is_answered_408(http_backend: str) -> None:
     # The echo model's handler is waiting for the tensors when the body
     # stalls: answered after one body timeout, not a second one (the rest of
     # the body is not waited for again).
     wire = _request(np.zeros(1000, dtype=np.float32))
-    with serving(backend, Timeouts(keep_alive=5, head=5, body=0.5, write=5)) as port:
-        with _connect(port) as sock:
+    with running(
+        http_backend, V2Server(timeouts=Timeouts(keep_alive=5, head=5, body=0.5, write=5))
+    ) as server:
+        with connect(server.port) as sock:
             start = time.monotonic()  # (before the bytes: the wait cannot start earlier)
             sock.sendall(wire[:-100])
-            received = _until_closed(sock)
+            received = until_closed(sock)
             elapsed = time.monotonic() - start
     assert received.startswith(b"HTTP/1.1 408 "), received[:200]
     assert b"timed out waiting for the body" in received and b"Connection: close" in received
     assert 0.5 <= elapsed < 0.95  # one body timeout (two take 1.0 s)
 
 
-@pytest.mark.parametrize("stream_type", [Scripted, ScriptedInPlace])
+@pytest.mark.parametrize("stream_type", [TimingOutStream, TimingOutStreamInto])
 def test_a_body_that_stalls_in_the_handler_is_waited_for_once(
-    stream_type: type[Scripted],
+    stream_type: type[TimingOutStream],
 ) -> None:
     # The handler's tensors() times out on the body; the server then answers
     # 408 at once: it does not wait for the rest of the body a second time
@@ -255,7 +179,7 @@ def test_a_handlers_own_timeout_is_a_500_not_a_408(caplog: pytest.LogCaptureFixt
     wire = b"".join(
         bytes(p) for p in send_message(conn, request_for("/v2/models/slow/infer", body), body)
     )
-    stream = Scripted(wire)
+    stream = TimingOutStream(wire)
     server = V2Server([Model("slow", deadline)], timeouts=Timeouts(keep_alive=1, head=2, body=3))
     asyncio.run(server.serve_connection(stream))
     assert stream.sent.startswith(b"HTTP/1.1 500 "), bytes(stream.sent[:200])
@@ -268,39 +192,42 @@ def test_a_handlers_own_timeout_is_a_500_not_a_408(caplog: pytest.LogCaptureFixt
 def test_no_head_timeout_leaves_a_begun_head_unbounded() -> None:
     # Timeouts(head=None): the rest of a head is waited for without a bound,
     # not with the keep-alive timeout left from the wait for its first bytes.
-    stream = Scripted(b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n")
+    stream = TimingOutStream(b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n")
     server = V2Server(timeouts=Timeouts(keep_alive=1, head=None, body=3, write=4))
     asyncio.run(server.serve_connection(stream))
     assert stream.waits == [None]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_a_slow_body_that_keeps_moving_is_read(backend: str) -> None:
+def test_a_slow_body_that_keeps_moving_is_read(http_backend: str) -> None:
     # 16 pieces 0.15 s apart: 2.25 s in all, well past the 1 s bound, but
     # never 1 s without progress (a margin for a machine that pauses).
     x = np.arange(4000, dtype=np.float32)
     wire = _request(x)
     step = -(-len(wire) // 16)
-    with serving(backend, Timeouts(keep_alive=5, head=5, body=1, write=5)) as port:
-        with _connect(port) as sock:
+    with running(
+        http_backend, V2Server(timeouts=Timeouts(keep_alive=5, head=5, body=1, write=5))
+    ) as server:
+        with connect(server.port) as sock:
             for i in range(0, len(wire), step):
                 sock.sendall(wire[i : i + step])
                 time.sleep(0.15)
             sock.shutdown(socket.SHUT_WR)
-            received = _until_closed(sock)
+            received = until_closed(sock)
     assert received.startswith(b"HTTP/1.1 200 "), received[:200]
     assert x.tobytes() in received
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_a_peer_that_stops_reading_is_closed_after_the_write_stall(backend: str) -> None:
+@pytest.mark.slow
+def test_a_peer_that_stops_reading_is_closed_after_the_write_stall(http_backend: str) -> None:
     x = np.zeros(16 << 20, dtype=np.float32)  # 64 MiB back: more than socket buffers hold
-    with serving(backend, Timeouts(keep_alive=5, head=5, body=5, write=0.3)) as port:
-        with _connect(port) as sock:
+    with running(
+        http_backend, V2Server(timeouts=Timeouts(keep_alive=5, head=5, body=5, write=0.3))
+    ) as server:
+        with connect(server.port) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
             sock.sendall(_request(x))
             time.sleep(2)  # read nothing for several write timeouts
-            received = len(_until_closed(sock))
+            received = len(until_closed(sock))
     assert received < x.nbytes  # the server gave up and closed
 
 
@@ -317,46 +244,47 @@ def _established_at(port: int) -> int:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads Linux's socket table")
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_a_peer_that_never_reads_again_is_dropped_after_the_write_stall(backend: str) -> None:
+def test_a_peer_that_never_reads_again_is_dropped_after_the_write_stall(http_backend: str) -> None:
     # Closing gracefully would wait, without end, for the peer to take what
     # is buffered: the write timeout must end the connection all the same.
     x = np.zeros(16 << 20, dtype=np.float32)
-    with serving(backend, Timeouts(keep_alive=5, head=5, body=5, write=0.3)) as port:
-        with _connect(port) as sock:
+    with running(
+        http_backend, V2Server(timeouts=Timeouts(keep_alive=5, head=5, body=5, write=0.3))
+    ) as server:
+        with connect(server.port) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
             sock.sendall(_request(x))
             deadline = time.monotonic() + 5
-            while _established_at(port) and time.monotonic() < deadline:
+            while _established_at(server.port) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            assert _established_at(port) == 0  # while the peer still reads nothing
+            assert _established_at(server.port) == 0  # while the peer still reads nothing
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads Linux's socket table")
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_a_stalled_reader_is_dropped_after_one_write_timeout_not_two(backend: str) -> None:
+def test_a_stalled_reader_is_dropped_after_one_write_timeout_not_two(http_backend: str) -> None:
     # The close after a write stall once waited the write timeout again for
     # the peer to take what was buffered: a stalled reader held on for 2x.
     write = 1.5
     x = np.zeros(16 << 20, dtype=np.float32)
-    with serving(backend, Timeouts(keep_alive=30, head=30, body=30, write=write)) as port:
-        with _connect(port) as sock:
+    with running(
+        http_backend, V2Server(timeouts=Timeouts(keep_alive=30, head=30, body=30, write=write))
+    ) as server:
+        with connect(server.port) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
             sock.sendall(_request(x))
             sent = time.monotonic()
-            while _established_at(port) and time.monotonic() - sent < 4 * write:
+            while _established_at(server.port) and time.monotonic() - sent < 4 * write:
                 time.sleep(0.02)
             held = time.monotonic() - sent
     assert held < 1.6 * write, f"dropped after {held:.2f} s, the write timeout is {write} s"
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_the_timeout_option_bounds_every_phase(backend: str) -> None:
+def test_the_timeout_option_bounds_every_phase(http_backend: str) -> None:
     # start_server / serve(timeout=...) overrides the server's timeouts.
-    with serving(backend, Timeouts(keep_alive=60), timeout=0.2) as port:
-        with _connect(port) as sock:
+    with _served(http_backend, Timeouts(keep_alive=60), timeout=0.2) as server:
+        with connect(server.port) as sock:
             start = time.monotonic()
-            assert _until_closed(sock) == b""
+            assert until_closed(sock) == b""
             assert time.monotonic() - start < 3
 
 
@@ -373,9 +301,9 @@ def test_serve_command_timeout_flags(backend: str) -> None:
         assert proc.stdout is not None
         match = re.search(r":(\d+)$", proc.stdout.readline().strip())
         assert match
-        with _connect(int(match.group(1))) as sock:
+        with connect(int(match.group(1))) as sock:
             start = time.monotonic()
-            assert _until_closed(sock) == b""
+            assert until_closed(sock) == b""
             assert time.monotonic() - start < 5
     finally:
         proc.terminate()
@@ -410,16 +338,17 @@ def test_the_docs_table_matches_the_defaults_and_flags() -> None:
         assert getattr(args, flag.replace("-", "_")) == float(default)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_a_pipelined_head_that_stalls_is_cut_at_its_deadline(backend: str) -> None:
+def test_a_pipelined_head_that_stalls_is_cut_at_its_deadline(http_backend: str) -> None:
     # The next request's head began with the previous request's bytes: its
     # deadline runs from then, not the keep-alive wait.
     partial = b"GET /v2/health/live HTTP/1.1\r\nHost:"
-    with serving(backend, Timeouts(keep_alive=30, head=0.5, body=5, write=5)) as port:
-        with _connect(port) as sock:
+    with running(
+        http_backend, V2Server(timeouts=Timeouts(keep_alive=30, head=0.5, body=5, write=5))
+    ) as server:
+        with connect(server.port) as sock:
             start = time.monotonic()
             sock.sendall(GET_LIVE + partial)
-            received = _until_closed(sock)
+            received = until_closed(sock)
             elapsed = time.monotonic() - start
     first, _, rest = received.partition(b"HTTP/1.1 408 ")
     assert first.startswith(b"HTTP/1.1 200 ") and b"request head" in rest, received[:400]

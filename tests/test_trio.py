@@ -1,23 +1,19 @@
-"""The trio adapter over loopback: binproto's trio client against the trio server,
-the real tritonclient (sync and aio) calling the trio server, a 64 MiB tensor,
-adversarial peers, and ``python -m binproto serve --backend trio``."""
+"""The trio adapter over loopback: binproto's trio client against the trio
+server, a 64 MiB tensor, backpressure, trio streams and sockets, and
+``python -m binproto serve --backend trio``. (tritonclient and raw-socket
+peers call every backend: test_app_tritonclient.py, test_app_wire.py.)"""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
-import http.client
 import importlib.util
 import json
 import os
 import pathlib
 import socket
 import struct
-import subprocess
 import sys
-import threading
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,8 +21,6 @@ import pytest
 import trio
 import trio.testing
 import tritonclient.http as triton_http
-import tritonclient.http.aio as triton_aio
-from tritonclient.utils import InferenceServerException
 
 import binproto
 from binproto import HeaderParsed, MessageComplete, TensorChunk, TensorComplete
@@ -40,8 +34,11 @@ from binproto.adapters._server import (
     echo_model,
 )
 from binproto.adapters.h11 import HTTPError
-from tests.helpers import bytes_tensor, make_body
+from tests.fakes import ScriptedServer, Step, ok_answer
+from tests.helpers import bytes_tensor
 from tests.interop.samples import DATATYPES, sample, utf8_bytes
+from tests.models import binary_expected, same
+from tests.servers import infer_bytes
 
 MiB = 1 << 20
 Array = np.ndarray[Any, Any]
@@ -92,66 +89,6 @@ def run_trio(
                 nursery.cancel_scope.cancel()
 
     trio.run(main)
-
-
-@contextlib.contextmanager
-def server_thread(**options: Any) -> Iterator[int]:
-    """A trio server in a background thread (its own trio.run); yields its port."""
-    ready = threading.Event()
-    state: dict[str, Any] = {}
-
-    def on_ready(port: int) -> None:
-        state["port"] = port
-        ready.set()
-
-    async def main() -> None:
-        with trio.CancelScope() as scope:
-            state["scope"] = scope
-            state["token"] = trio.lowlevel.current_trio_token()
-            await bt.serve(app(), ready=on_ready, **options)
-
-    def run() -> None:
-        try:
-            trio.run(main)
-        except BaseException as exc:
-            state["error"] = exc
-            ready.set()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    assert ready.wait(10), "the trio server did not start"
-    if "error" in state:
-        raise state["error"]
-    try:
-        yield state["port"]
-    finally:
-        state["token"].run_sync_soon(state["scope"].cancel)
-        thread.join(10)
-        assert not thread.is_alive()
-        assert "error" not in state, state.get("error")
-
-
-@pytest.fixture(scope="module")
-def port() -> Iterator[int]:
-    with server_thread(timeout=10) as p:
-        yield p
-
-
-# -- comparing arrays -----------------------------------------------------------------
-
-
-def same(got: Array, want: Array) -> bool:
-    """Same shape, dtype and bytes (NaN, -0.0 and BF16 compared bit for bit)."""
-    if got.shape != want.shape or got.dtype != want.dtype:
-        return False
-    if want.dtype == object:
-        return [bytes(x) for x in got.ravel()] == [bytes(x) for x in want.ravel()]
-    return got.tobytes() == want.tobytes()
-
-
-def binary_expected(datatype: str, binary: bool) -> bool:
-    """Whether an output travels binary: as asked, but FP16 and BF16 always do."""
-    return binary or datatype in ("FP16", "BF16")
 
 
 # -- binproto's trio client against the trio server -----------------------------------
@@ -374,320 +311,6 @@ def test_64mib_tensor_through_the_trio_server_and_client() -> None:
     run_trio(test, timeout=60)
 
 
-# -- the real tritonclient calling the trio server ------------------------------------
-
-TRITON_TYPES = ["BOOL", "UINT8", "INT16", "INT32", "INT64", "UINT64", "FP16", "FP32", "FP64"]
-
-
-def triton_sample(datatype: str) -> Array:
-    dtype = binproto.DATATYPES[datatype].dtype
-    if datatype == "BOOL":
-        return np.array([[True, False, True], [False, False, True]])
-    return (np.arange(6) * 3 + 1).astype(dtype).reshape(2, 3)
-
-
-# tritonclient has no JSON form for FP16: it is only sent binary.
-TRITON_CASES = [(dt, b) for dt in TRITON_TYPES for b in (True, False) if b or dt != "FP16"]
-
-
-@pytest.mark.parametrize(("datatype", "binary"), TRITON_CASES)
-def test_tritonclient_round_trip(port: int, datatype: str, binary: bool) -> None:
-    arr = triton_sample(datatype)
-    client = triton_http.InferenceServerClient(f"127.0.0.1:{port}")
-    try:
-        inp = triton_http.InferInput("x", list(arr.shape), datatype)
-        inp.set_data_from_numpy(arr, binary_data=binary)
-        out = triton_http.InferRequestedOutput("x", binary_data=binary)
-        result = client.infer("echo", [inp], outputs=[out], request_id="t1")
-        assert same(result.as_numpy("x"), arr)
-        response = result.get_response()
-        assert response["id"] == "t1" and response["model_name"] == "echo"
-        params = response["outputs"][0].get("parameters", {})
-        assert ("binary_data_size" in params) == binary_expected(datatype, binary)
-    finally:
-        client.close()
-
-
-def test_tritonclient_bytes_binary_data_output_and_zero_size(port: int) -> None:
-    text = np.array([[b"\xff\xfe"], [b""], [b"\x80 not utf-8"]], dtype=np.object_)
-    words = np.array([b"plain", b"\xc3\xa9"], dtype=np.object_)
-    empty = np.zeros((0, 5), dtype=np.float32)
-    client = triton_http.InferenceServerClient(f"127.0.0.1:{port}")
-    try:
-        inputs = []
-        for name, arr, dt, binary in [
-            ("text", text, "BYTES", True),
-            ("words", words, "BYTES", False),
-            ("empty", empty, "FP32", True),
-        ]:
-            inp = triton_http.InferInput(name, list(arr.shape), dt)
-            inp.set_data_from_numpy(arr, binary_data=binary)
-            inputs.append(inp)
-        # No outputs named: tritonclient asks for binary_data_output.
-        result = client.infer("echo", inputs)
-        assert same(result.as_numpy("text"), text)
-        assert same(result.as_numpy("words"), words)
-        assert same(result.as_numpy("empty"), empty)
-        assert all("binary_data_size" in o["parameters"] for o in result.get_response()["outputs"])
-        # JSON asked for every output: the non-UTF-8 BYTES still come back binary.
-        outputs = [
-            triton_http.InferRequestedOutput(n, binary_data=False) for n in ("text", "words")
-        ]
-        result = client.infer("echo", inputs, outputs=outputs)
-        assert same(result.as_numpy("text"), text)
-        by_name = {o["name"]: o for o in result.get_response()["outputs"]}
-        assert "binary_data_size" in by_name["text"]["parameters"]
-        assert by_name["words"]["data"] == ["plain", "é"]
-    finally:
-        client.close()
-
-
-def test_tritonclient_endpoints_and_errors(port: int) -> None:
-    client = triton_http.InferenceServerClient(f"127.0.0.1:{port}")
-    try:
-        assert client.is_server_live() and client.is_server_ready()
-        assert client.is_model_ready("echo") and not client.is_model_ready("nope")
-        assert "binary_tensor_data" in client.get_server_metadata()["extensions"]
-        inp = triton_http.InferInput("x", [2], "FP32")
-        inp.set_data_from_numpy(np.ones(2, dtype=np.float32))
-        with pytest.raises(InferenceServerException, match="unknown model") as info:
-            client.infer("nope", [inp])
-        assert info.value.status() == "404"
-        with pytest.raises(InferenceServerException, match="refuses this input") as info:
-            client.infer("fail", [inp])
-        assert info.value.status() == "422"
-        with pytest.raises(InferenceServerException, match="unexpected inference output"):
-            client.infer("echo", [inp], outputs=[triton_http.InferRequestedOutput("y")])
-        assert same(client.infer("echo", [inp]).as_numpy("x"), np.ones(2, dtype=np.float32))
-    finally:
-        client.close()
-
-
-def test_tritonclient_aio(port: int) -> None:
-    arrays: dict[str, Array] = {
-        "f": np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4),
-        "i": np.array([[-(2**40), 2**40]], dtype=np.int64),
-        "s": np.array([b"\xff\x00", b"ok"], dtype=np.object_),
-        "b": np.array([True, False]),
-        "e": np.zeros((0,), dtype=np.uint16),
-    }
-    types = {"f": "FP32", "i": "INT64", "s": "BYTES", "b": "BOOL", "e": "UINT16"}
-
-    async def go() -> None:
-        client = triton_aio.InferenceServerClient(f"127.0.0.1:{port}")
-        try:
-            assert await client.is_server_ready()
-            inputs = []
-            for name, arr in arrays.items():
-                inp = triton_aio.InferInput(name, list(arr.shape), types[name])
-                inp.set_data_from_numpy(arr, binary_data=name != "b")
-                inputs.append(inp)
-            outputs = [triton_aio.InferRequestedOutput(n, binary_data=n != "i") for n in arrays]
-            result = await client.infer("echo", inputs, outputs=outputs)
-            for name, arr in arrays.items():
-                assert same(result.as_numpy(name), arr), name
-            params = {o["name"]: o.get("parameters", {}) for o in result.get_response()["outputs"]}
-            assert "binary_data_size" not in params["i"] and "binary_data_size" in params["f"]
-            with pytest.raises(InferenceServerException, match="unknown model"):
-                await client.infer("nope", inputs)
-        finally:
-            await client.close()
-
-    asyncio.run(go())
-
-
-# -- adversarial peers ----------------------------------------------------------------
-
-
-def request_bytes(body: bytes, headers: dict[str, str], *, close: bool = True) -> bytes:
-    """A raw infer request for the echo model (``Connection: close`` unless not ``close``)."""
-    lines = ["POST /v2/models/echo/infer HTTP/1.1", "Host: test"]
-    lines += [f"{k}: {v}" for k, v in headers.items()]
-    if close:
-        lines.append("Connection: close")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
-
-
-def valid_request(*, close: bool = True) -> tuple[bytes, Array]:
-    x = np.arange(6, dtype=np.int32)
-    body = binproto.encode_request({"x": x}, binary_data_output=True)
-    return request_bytes(bytes(body), dict(body.headers), close=close), x
-
-
-def read_all(sock: socket.socket) -> bytes:
-    """Everything until the server closes (a 10 s bound on each wait)."""
-    sock.settimeout(10)
-    out = bytearray()
-    while True:
-        try:
-            data = sock.recv(65536)
-        except ConnectionResetError:
-            break
-        if not data:
-            break
-        out += data
-    return bytes(out)
-
-
-def responses(data: bytes) -> list[tuple[int, dict[str, str], bytes]]:
-    """The Content-Length framed responses in ``data``: (status, headers, body)."""
-    out = []
-    while data:
-        head, sep, rest = data.partition(b"\r\n\r\n")
-        assert sep, data
-        status_line, *header_lines = head.decode("latin-1").split("\r\n")
-        headers = {k.lower(): v.strip() for k, _, v in (h.partition(":") for h in header_lines)}
-        n = int(headers["content-length"])
-        out.append((int(status_line.split()[1]), headers, rest[:n]))
-        data = rest[n:]
-    return out
-
-
-def connect(port: int) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
-
-
-def assert_still_serving(port: int) -> None:
-    client = triton_http.InferenceServerClient(f"127.0.0.1:{port}")
-    try:
-        inp = triton_http.InferInput("x", [3], "INT32")
-        arr = np.array([1, 2, 3], dtype=np.int32)
-        inp.set_data_from_numpy(arr)
-        assert same(client.infer("echo", [inp]).as_numpy("x"), arr)
-    finally:
-        client.close()
-
-
-def check_echo(data: bytes, x: Array) -> None:
-    [(status, headers, body)] = responses(data)
-    assert status == 200
-    length = binproto.header_length_from(list(headers.items()), content_length=len(body))
-    decoded = binproto.decode_response(body, header_length=length)
-    assert same(decoded.tensors["x"], x)
-
-
-def test_peer_sending_one_byte_at_a_time(port: int) -> None:
-    data, x = valid_request()
-    with connect(port) as sock:
-        for i in range(len(data)):
-            sock.sendall(data[i : i + 1])
-        check_echo(read_all(sock), x)
-    assert_still_serving(port)
-
-
-def test_peer_stopping_mid_body_gets_400_or_a_close(port: int) -> None:
-    data, _ = valid_request()
-    with connect(port) as sock:
-        sock.sendall(data[: len(data) - 10])
-        sock.shutdown(socket.SHUT_WR)
-        answer = read_all(sock)
-    # The server answers before closing: the body ended early.
-    [(status, headers, body)] = responses(answer)
-    assert status == 400 and "missing" in json.loads(body)["error"]
-    assert headers["connection"] == "close"
-    assert_still_serving(port)
-
-
-def test_a_peer_stalled_mid_body_does_not_block_others(port: int) -> None:
-    data, _ = valid_request()
-    with connect(port) as stalled:
-        stalled.sendall(data[: len(data) - 10])
-        assert_still_serving(port)  # while the first one waits mid-body
-        stalled.close()
-    assert_still_serving(port)
-
-
-def test_peer_sending_more_than_its_content_length(port: int) -> None:
-    data, x = valid_request(close=False)
-    with connect(port) as sock:
-        sock.sendall(data + b"GARBAGE THAT IS NOT HTTP\r\n\r\n")
-        answer = read_all(sock)
-    # The declared request is answered; what follows is not HTTP: 400, then close.
-    first, *rest = responses(answer)
-    assert first[0] == 200
-    length = binproto.header_length_from(list(first[1].items()), content_length=len(first[2]))
-    assert same(binproto.decode_response(first[2], header_length=length).tensors["x"], x)
-    assert [r[0] for r in rest] == [400]
-    assert "illegal request line" in json.loads(rest[0][2])["error"]
-    assert_still_serving(port)
-
-
-def test_body_with_more_bytes_than_its_tensors_declare(port: int) -> None:
-    header = {
-        "inputs": [
-            {"name": "x", "shape": [2], "datatype": "FP32", "parameters": {"binary_data_size": 8}}
-        ]
-    }
-    body, hl = make_body(header, b"\0" * 8, b"extra")
-    headers = {"Inference-Header-Content-Length": str(hl), "Content-Length": str(len(body))}
-    with connect(port) as sock:
-        sock.sendall(request_bytes(body, headers))
-        [(status, _, payload)] = responses(read_all(sock))
-    assert status == 400 and "additional input data" in json.loads(payload)["error"]
-    assert_still_serving(port)
-
-
-@pytest.mark.parametrize(
-    ("body", "headers", "status", "message"),
-    [
-        (b"{not json", {}, 400, ""),
-        (b"{}", {"Inference-Header-Content-Length": "10"}, 400, ""),
-        (b"{}", {"Content-Encoding": "br"}, 415, "br"),
-    ],
-)
-def test_malformed_bodies_get_v2_errors(
-    port: int, body: bytes, headers: dict[str, str], status: int, message: str
-) -> None:
-    with connect(port) as sock:
-        sock.sendall(request_bytes(body, {**headers, "Content-Length": str(len(body))}))
-        [(got, _, payload)] = responses(read_all(sock))
-    assert got == status
-    assert message in json.loads(payload)["error"]
-
-
-def test_short_binary_tensor_gets_the_size_in_the_error(port: int) -> None:
-    header = {
-        "inputs": [
-            {"name": "x", "shape": [4], "datatype": "FP32", "parameters": {"binary_data_size": 16}}
-        ]
-    }
-    body, hl = make_body(header, b"\0" * 12)
-    headers = {"Inference-Header-Content-Length": str(hl), "Content-Length": str(len(body))}
-    with connect(port) as sock:
-        sock.sendall(request_bytes(body, headers))
-        [(status, _, payload)] = responses(read_all(sock))
-    assert status == 400 and "16 bytes of binary data" in json.loads(payload)["error"]
-
-
-# -- the serve command ----------------------------------------------------------------
-
-
-def test_serve_command_with_the_trio_backend() -> None:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "binproto", "serve", "--backend", "trio", "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("binproto: serving V2 on http://127.0.0.1:"), line
-        served_port = int(line.rsplit(":", 1)[1].strip())
-        conn = http.client.HTTPConnection("127.0.0.1", served_port, timeout=10)
-        conn.request("GET", "/v2/health/ready")
-        response = conn.getresponse()
-        assert response.status == 200 and response.read() == b'{"ready": true}'
-        conn.close()
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
 # -- the example server ---------------------------------------------------------------
 
 
@@ -905,83 +528,15 @@ def test_server_with_compression_off_never_compresses() -> None:
     trio.run(main)
 
 
-def test_server_compresses_for_tritonclient(port: int) -> None:
-    """The sync client asks for a coding; the aio client always sends
-    ``Accept-Encoding: gzip, deflate, br`` and gets gzip."""
-    arrays = {dt: triton_sample(dt) for dt in ("FP32", "INT64", "BOOL")}
-    arrays["BYTES"] = np.array([[b"\xff\x00"], [b""], [b"abc"]], dtype=np.object_)
-    for algorithm in ("gzip", "deflate"):
-        client = triton_http.InferenceServerClient(f"127.0.0.1:{port}")
-        try:
-            inputs = []
-            for dt, arr in arrays.items():
-                inp = triton_http.InferInput(dt.lower(), list(arr.shape), dt)
-                inp.set_data_from_numpy(arr)
-                inputs.append(inp)
-            result = client.infer("echo", inputs, response_compression_algorithm=algorithm)
-            for dt, arr in arrays.items():
-                assert same(result.as_numpy(dt.lower()), arr), (algorithm, dt)
-        finally:
-            client.close()
-
-    async def aio() -> None:
-        client = triton_aio.InferenceServerClient(f"127.0.0.1:{port}")
-        try:
-            inputs = []
-            for dt, arr in arrays.items():
-                inp = triton_aio.InferInput(dt.lower(), list(arr.shape), dt)
-                inp.set_data_from_numpy(arr)
-                inputs.append(inp)
-            result = await client.infer("echo", inputs)
-            for dt, arr in arrays.items():
-                assert same(result.as_numpy(dt.lower()), arr), dt
-        finally:
-            await client.close()
-
-    asyncio.run(aio())
-
-
-def test_compressed_response_to_an_http_1_0_peer_ends_with_the_connection(port: int) -> None:
-    x = np.arange(1000, dtype=np.int32)
-    body = binproto.encode_request({"x": x}, binary_data_output=True)
-    head = ["POST /v2/models/echo/infer HTTP/1.0", "Accept-Encoding: gzip"]
-    head += [f"{k}: {v}" for k, v in body.headers]
-    with connect(port) as sock:
-        sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + bytes(body))
-        data = read_all(sock)  # the body ends when the server closes
-    head_bytes, _, payload = data.partition(b"\r\n\r\n")
-    lines = head_bytes.decode("latin-1").split("\r\n")
-    headers = {k.lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])}
-    assert lines[0].split()[1] == "200"
-    assert headers["content-encoding"] == "gzip"
-    assert "content-length" not in headers and "transfer-encoding" not in headers
-    hl = int(headers["inference-header-content-length"])
-    decoded = binproto.decode_response(payload, header_length=hl, content_encoding="gzip")
-    assert same(decoded.tensors["x"], x)
-
-
 # -- the client after a server's Connection: close --------------------------------------
 
 
-def closing_get_server(listener: socket.socket, count: int) -> None:
-    """Answer ``count`` connections with one GET response each, saying Connection: close."""
-    for i in range(count):
-        sock, _ = listener.accept()
-        with sock:
-            sock.settimeout(10)
-            data = b""
-            while b"\r\n\r\n" not in data:
-                data += sock.recv(65536)
-            payload = json.dumps({"connection": i}).encode()
-            head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
-            sock.sendall(head.encode() + payload)
-
-
 def test_get_reconnects_after_connection_close() -> None:
-    listener = socket.create_server(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-    thread = threading.Thread(target=closing_get_server, args=(listener, 3), daemon=True)
-    thread.start()
+    script: list[list[Step]] = [
+        [ok_answer(b'{"connection": %d}' % i, close=True), "close"] for i in range(3)
+    ]
+    fake = ScriptedServer(script)
+    port = fake.port
     bodies: list[Any] = []
 
     async def main() -> None:
@@ -989,11 +544,8 @@ def test_get_reconnects_after_connection_close() -> None:
             for _ in range(3):
                 bodies.append(json.loads((await c.get("/v2"))[1]))
 
-    try:
+    with fake:
         trio.run(main)
-    finally:
-        thread.join(10)
-        listener.close()
     assert bodies == [{"connection": i} for i in range(3)]  # one connection each
 
 
@@ -1003,8 +555,7 @@ def test_get_reconnects_after_connection_close() -> None:
 def test_a_peer_stalled_mid_body_gets_408() -> None:
     """A stream timeout is a TimeoutError, answered with 408 as on asyncio (not 500)."""
     x = np.zeros(1000, dtype=np.float32)
-    body = binproto.encode_request({"x": x})
-    wire = request_bytes(bytes(body), dict(body.headers), close=False)
+    wire = infer_bytes({"x": x})
 
     async def main() -> bytes:
         async with trio.open_nursery() as nursery:
