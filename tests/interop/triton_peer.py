@@ -1,11 +1,14 @@
 """Run a real Triton Inference Server on 127.0.0.1 with identity models.
 
 The ``nvidia-pytriton`` wheel bundles a ``tritonserver`` binary and its python
-backend. :func:`start_triton` runs that binary directly (not pytriton's Python
-API) on a model repository it writes: one python-backend identity model per
-datatype, ``identity_<datatype>`` (``identity_fp32``, ``identity_bytes``...),
-with inputs ``INPUT0`` and optional ``INPUT1`` of any 1-D shape, returned as
-``OUTPUT0`` and ``OUTPUT1``.
+backend. It pins numpy < 2, so it lives apart from the test environment:
+:func:`triton_environment` installs it, without its dependencies, in a
+virtual environment of its own (``.venv-triton/`` in the repository) on first
+use. :func:`start_triton` runs that binary directly (pytriton's Python API is
+never imported) on a model repository it writes: one python-backend identity
+model per datatype, ``identity_<datatype>`` (``identity_fp32``,
+``identity_bytes``...), with inputs ``INPUT0`` and optional ``INPUT1`` of any
+1-D shape, returned as ``OUTPUT0`` and ``OUTPUT1``.
 
 The python backend's stub embeds the system's libpython, so its models import
 the system's numpy, which must be numpy 1 (Debian's ``python3-numpy``): with
@@ -21,7 +24,7 @@ Usable outside pytest (the throughput benchmark starts it too)::
 from __future__ import annotations
 
 import contextlib
-import importlib.util
+import fcntl
 import os
 import shutil
 import signal
@@ -54,6 +57,15 @@ DATATYPES = (
 
 #: The interpreter whose libpython and numpy the python backend's stub uses.
 SYSTEM_PYTHON = "/usr/bin/python3"
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: The wheel that bundles Triton 2.51. Pinned: what Triton accepts changes
+#: between releases (docs/interop.md).
+TRITON_WHEEL = "nvidia-pytriton==0.7.0"
+
+#: Where that wheel is installed; ``BINPROTO_TRITON_VENV`` names another place.
+VENV = Path(os.environ.get("BINPROTO_TRITON_VENV") or ROOT / ".venv-triton")
 
 _MODEL_PY = '''\
 import numpy as np
@@ -131,19 +143,52 @@ class TritonInstall:
     stub: Path  #: ``triton_python_backend_stub`` for the system's Python
 
 
+class TritonEnvironmentError(Exception):
+    """The Triton environment cannot be built here (no package index...)."""
+
+
+def _run(command: list[str], timeout: float) -> None:
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise TritonEnvironmentError(f"{' '.join(command)}: {exc}") from exc
+    if done.returncode != 0:
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        errors = [line.strip() for line in lines if "ERROR:" in line] or lines[-5:]
+        raise TritonEnvironmentError(f"{' '.join(command)} exited {done.returncode}: {errors}")
+
+
+def triton_environment() -> Path:
+    """The ``pytriton`` package folder in :data:`VENV`, installed first when
+    missing or of another version.
+
+    One process builds at a time (a file lock): pytest-xdist workers wait for
+    it rather than install twice. Only the wheel is installed: its
+    dependencies serve pytriton's Python API, which is never imported.
+    Raises :class:`TritonEnvironmentError` when pip fails.
+    """
+    VENV.parent.mkdir(parents=True, exist_ok=True)
+    with open(VENV.parent / f"{VENV.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        stamp = VENV / "binproto-triton.stamp"  # holds the wheel it was built with
+        if not (stamp.exists() and stamp.read_text() == TRITON_WHEEL):
+            shutil.rmtree(VENV, ignore_errors=True)
+            _run([sys.executable, "-m", "venv", str(VENV)], timeout=120)
+            python = str(VENV / "bin" / "python")
+            pip = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+            _run([*pip, "--no-deps", TRITON_WHEEL], timeout=1200)
+            stamp.write_text(TRITON_WHEEL)
+    found = sorted(VENV.glob("lib/python3*/site-packages/pytriton"))
+    if not found:
+        raise TritonEnvironmentError(f"{TRITON_WHEEL} installed no pytriton package in {VENV}")
+    return found[0]
+
+
 def find_triton() -> TritonInstall | str:
-    """The installed Triton pieces, or the reason Triton cannot run here."""
+    """The Triton pieces in :data:`VENV` (installed on first use), or the
+    reason Triton cannot run here."""
     if sys.platform != "linux" or os.uname().machine != "x86_64":
         return "Triton's binary (nvidia-pytriton) is built for Linux x86_64 only"
-    spec = importlib.util.find_spec("pytriton")  # locate only: never imported
-    if spec is None or not spec.submodule_search_locations:
-        return "nvidia-pytriton is not installed (pip install -e '.[test]')"
-    package = Path(next(iter(spec.submodule_search_locations)))
-    home = package / "tritonserver"
-    libs = package.parent / "nvidia_pytriton.libs"
-    server = home / "bin" / "tritonserver"
-    if not server.exists():
-        return f"nvidia-pytriton has no tritonserver binary at {server}"
     probe = (
         "import sys, numpy; "
         "print(f'{sys.version_info[0]}.{sys.version_info[1]}', numpy.__version__)"
@@ -162,6 +207,15 @@ def find_triton() -> TritonInstall | str:
     version, numpy_version = done.stdout.split()
     if not numpy_version.startswith("1."):
         return f"Triton's python backend needs numpy 1 in {SYSTEM_PYTHON}, found {numpy_version}"
+    try:
+        package = triton_environment()
+    except TritonEnvironmentError as exc:
+        return f"no Triton environment ({VENV}): {exc}"
+    home = package / "tritonserver"
+    libs = package.parent / "nvidia_pytriton.libs"
+    server = home / "bin" / "tritonserver"
+    if not server.exists():
+        return f"nvidia-pytriton has no tritonserver binary at {server}"
     stub = home / "python_backend_stubs" / version / "triton_python_backend_stub"
     if not stub.exists():
         return f"nvidia-pytriton has no python backend stub for the system's Python {version}"
