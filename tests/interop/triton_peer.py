@@ -393,3 +393,11 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
+
+
+if __name__ == "__main__":
+    # .ci/run builds the environment beside the main install this way.
+    try:
+        print(triton_environment())
+    except TritonEnvironmentError as exc:
+        print(f"no Triton environment ({VENV}): {exc}", file=sys.stderr)
