@@ -18,11 +18,10 @@ from pathlib import Path
 import pytest
 
 from tests import numpy1_env
+from tests.environments import ROOT, Unavailable
 from tests.numpy1_env import (
     CORE_TESTS,
     REQUIRE_NUMPY1,
-    ROOT,
-    Unavailable,
     numpy1_environment,
     numpy_floor,
     numpy_requirement,
@@ -115,4 +114,4 @@ def test_without_a_package_index_pip_says_why(
         numpy1_environment()
     # The reason names the step that failed, and pip's own words.
     assert "pip install" in str(raised.value) and "No matching distribution" in str(raised.value)
-    assert not (tmp_path / "venv" / "binproto-np1.stamp").exists()
+    assert not (tmp_path / "venv" / "binproto.stamp").exists()

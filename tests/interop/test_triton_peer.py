@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from ..environments import Unavailable
 from . import triton_peer
 from .triton_peer import DATATYPES, SINGLE_INPUT_MODEL, model_name, write_models
 
@@ -57,7 +58,7 @@ def test_reason_when_the_environment_cannot_be_built(
     assert reason is not None and reason.startswith("no Triton environment")
     # The reason names the step that failed, and pip's own words.
     assert "pip install" in reason and "No matching distribution" in reason
-    assert not (tmp_path / "venv" / "binproto-triton.stamp").exists()
+    assert not (tmp_path / "venv" / "binproto.stamp").exists()
 
 
 def test_the_environment_is_reused_until_the_pin_changes(
@@ -66,14 +67,16 @@ def test_the_environment_is_reused_until_the_pin_changes(
     venv = tmp_path / "venv"
     package = venv / "lib" / "python3.11" / "site-packages" / "pytriton"
     package.mkdir(parents=True)
-    (venv / "binproto-triton.stamp").write_text(triton_peer.TRITON_WHEEL)
+    (venv / "bin").mkdir()
+    (venv / "bin" / "python").write_bytes(b"")
+    (venv / "binproto.stamp").write_text(triton_peer.TRITON_WHEEL)
     monkeypatch.setattr(triton_peer, "VENV", venv)
     _no_package_index(monkeypatch)
     # Built with the pinned wheel: reused, pip never runs.
     assert triton_peer.triton_environment() == package
     # Another pin rebuilds it, which fails here without an index.
     monkeypatch.setattr(triton_peer, "TRITON_WHEEL", "nvidia-pytriton==0.0.0")
-    with pytest.raises(triton_peer.TritonEnvironmentError, match=r"nvidia-pytriton==0\.0\.0"):
+    with pytest.raises(Unavailable, match=r"nvidia-pytriton==0\.0\.0"):
         triton_peer.triton_environment()
     assert not package.exists()
 

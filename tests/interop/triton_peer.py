@@ -3,8 +3,8 @@
 The ``nvidia-pytriton`` wheel bundles a ``tritonserver`` binary and its python
 backend. It pins numpy < 2, so it lives apart from the test environment:
 :func:`triton_environment` installs it, without its dependencies, in a
-virtual environment of its own (``.venv-triton/`` in the repository) on first
-use. :func:`start_triton` runs that binary directly (pytriton's Python API is
+virtual environment of its own (``.venv-triton/``, tests/environments.py) on
+first use. :func:`start_triton` runs that binary directly (pytriton's Python API is
 never imported) on a model repository it writes: one python-backend identity
 model per datatype, ``identity_<datatype>`` (``identity_fp32``,
 ``identity_bytes``...), with inputs ``INPUT0`` and optional ``INPUT1`` of any
@@ -24,7 +24,6 @@ Usable outside pytest (the throughput benchmark starts it too)::
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import signal
@@ -37,6 +36,8 @@ import urllib.request
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..environments import ROOT, Unavailable, build
 
 #: Every datatype Triton's python backend carries (it has no BF16 in numpy).
 DATATYPES = (
@@ -57,8 +58,6 @@ DATATYPES = (
 
 #: The interpreter whose libpython and numpy the python backend's stub uses.
 SYSTEM_PYTHON = "/usr/bin/python3"
-
-ROOT = Path(__file__).resolve().parents[2]
 
 #: The wheel that bundles Triton 2.51. Pinned: what Triton accepts changes
 #: between releases (docs/interop.md).
@@ -143,44 +142,17 @@ class TritonInstall:
     stub: Path  #: ``triton_python_backend_stub`` for the system's Python
 
 
-class TritonEnvironmentError(Exception):
-    """The Triton environment cannot be built here (no package index...)."""
-
-
-def _run(command: list[str], timeout: float) -> None:
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise TritonEnvironmentError(f"{' '.join(command)}: {exc}") from exc
-    if done.returncode != 0:
-        lines = (done.stderr or done.stdout).strip().splitlines()
-        errors = [line.strip() for line in lines if "ERROR:" in line] or lines[-5:]
-        raise TritonEnvironmentError(f"{' '.join(command)} exited {done.returncode}: {errors}")
-
-
 def triton_environment() -> Path:
     """The ``pytriton`` package folder in :data:`VENV`, installed first when
-    missing or of another version.
+    missing or of another version (see tests/environments.py).
 
-    One process builds at a time (a file lock): pytest-xdist workers wait for
-    it rather than install twice. Only the wheel is installed: its
-    dependencies serve pytriton's Python API, which is never imported.
-    Raises :class:`TritonEnvironmentError` when pip fails.
+    Only the wheel is installed: its dependencies serve pytriton's Python
+    API, which is never imported. Raises ``Unavailable`` when pip fails.
     """
-    VENV.parent.mkdir(parents=True, exist_ok=True)
-    with open(VENV.parent / f"{VENV.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        stamp = VENV / "binproto-triton.stamp"  # holds the wheel it was built with
-        if not (stamp.exists() and stamp.read_text() == TRITON_WHEEL):
-            shutil.rmtree(VENV, ignore_errors=True)
-            _run([sys.executable, "-m", "venv", str(VENV)], timeout=120)
-            python = str(VENV / "bin" / "python")
-            pip = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-            _run([*pip, "--no-deps", TRITON_WHEEL], timeout=1200)
-            stamp.write_text(TRITON_WHEEL)
+    build(VENV, TRITON_WHEEL, lambda source: ["--no-deps", TRITON_WHEEL])
     found = sorted(VENV.glob("lib/python3*/site-packages/pytriton"))
     if not found:
-        raise TritonEnvironmentError(f"{TRITON_WHEEL} installed no pytriton package in {VENV}")
+        raise Unavailable(f"{TRITON_WHEEL} installed no pytriton package in {VENV}")
     return found[0]
 
 
@@ -209,7 +181,7 @@ def find_triton() -> TritonInstall | str:
         return f"Triton's python backend needs numpy 1 in {SYSTEM_PYTHON}, found {numpy_version}"
     try:
         package = triton_environment()
-    except TritonEnvironmentError as exc:
+    except Unavailable as exc:
         return f"no Triton environment ({VENV}): {exc}"
     home = package / "tritonserver"
     libs = package.parent / "nvidia_pytriton.libs"
@@ -393,11 +365,3 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
-
-
-if __name__ == "__main__":
-    # .ci/run builds the environment beside the main install this way.
-    try:
-        print(triton_environment())
-    except TritonEnvironmentError as exc:
-        print(f"no Triton environment ({VENV}): {exc}", file=sys.stderr)
