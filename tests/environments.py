@@ -87,6 +87,9 @@ def main(argv: Sequence[str]) -> None:
         "triton": triton_peer.triton_environment,
         "ray": ray_env.ray_environment,
     }
+    unknown = sorted(set(argv) - set(builders))
+    if unknown:
+        raise SystemExit(f"unknown environments {unknown}: choose from {sorted(builders)}")
     for name in argv:
         try:
             print(builders[name]())
