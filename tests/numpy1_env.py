@@ -42,6 +42,9 @@ CORE_TESTS = (
     "test_writer.py",
 )
 
+#: Long tests of those files in which numpy plays no part (JSON text only).
+NOT_NUMPY = ("test_json_header.py::test_orjson_and_the_standard_parser_agree_on_any_text",)
+
 #: The oldest numpy 1 with wheels for a Python newer than the floor's.
 #: numpy 1 has no wheels for Python 3.13 or later.
 FIRST_NUMPY_FOR_PYTHON = {(3, 12): "1.26"}
