@@ -58,7 +58,7 @@ class _Building:
         # allocated (for BYTES, the framed bytes themselves: split when complete).
         self.array = array
         self.received = 0  # bytes of it so far: the next chunk's offset
-        # The address of the target's first byte, looked up (microseconds)
+        # The address of the target's first byte, looked up (a costly call)
         # only when a chunk may be the target itself.
         self.base: int | None = None
 
@@ -163,7 +163,7 @@ class TensorAssembler:
             # A writable chunk may be the target itself, filled by the caller's
             # recv_into (see target()); then there is nothing to copy. Only a
             # view of the target's own array can be: the identity test keeps
-            # the address lookup (microseconds) off every other chunk.
+            # the costly address lookup off every other chunk.
             if (
                 data.obj is target.obj
                 and not data.readonly

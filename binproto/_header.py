@@ -286,7 +286,7 @@ def _tensor(t: Any, index: int, role: str, limits: Limits, seen: set[str]) -> Te
         shm_size = params.get("shared_memory_byte_size")
         nbytes = shm_size if type(shm_size) is int and shm_size >= 0 else 0
     # Positional, in field order (a test pins it): keywords would cost the
-    # call a dict, a third of a microsecond a tensor.
+    # call a dict for each tensor (docs/performance.md).
     return TensorInfo(index, name, datatype, shape, params, size, data, nbytes, array, shared)
 
 

@@ -272,7 +272,7 @@ def _drop_locals(exc: BaseException) -> None:
 
 
 #: zlib's level for compressed requests: tensor bytes compress little at any
-#: level, and level 1 is two to three times faster than the usual 6 on them.
+#: level, and level 1 is much faster than the usual 6 on them.
 COMPRESSION_LEVEL = 1
 
 #: The most connections a client keeps open at once, by default.
