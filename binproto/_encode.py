@@ -261,7 +261,8 @@ def _wire_array(
     if dt.name == "BF16" and (natural is None or natural.name != "BF16"):
         if src.kind == "f":
             # Rounded to FP32, then to nearest even, as a list of numbers is.
-            return _bf16_bits(arr).reshape(arr.shape)
+            bits: np.ndarray[Any, Any] = _bf16_bits(arr).reshape(arr.shape)
+            return bits
         if src.kind not in "ui" or src.itemsize != 2:
             raise _fail(
                 f"{label}: BF16 data must be a float array (rounded to BF16), an"

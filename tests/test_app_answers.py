@@ -100,7 +100,7 @@ def test_a_handlers_local_protocol_error_is_logged(
 
 def test_an_inference_error_takes_any_integer_status() -> None:
     assert InferenceError("gone", HTTPStatus.NOT_FOUND).status == 404
-    assert type(InferenceError("gone", np.int64(410)).status) is int  # type: ignore[arg-type]
+    assert type(InferenceError("gone", np.int64(410)).status) is int  # type: ignore[arg-type, unused-ignore]
 
 
 @pytest.mark.parametrize("status", [304, 204, 200, 100, 600, "404", True])

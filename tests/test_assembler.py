@@ -383,7 +383,7 @@ def test_a_second_header_is_refused() -> None:
 def test_a_numpy_integer_index_is_taken() -> None:
     asm = TensorAssembler()
     asm.feed(_events()[0])
-    assert len(asm.target(np.int64(0))) == 24 * 4  # type: ignore[arg-type]
+    assert len(asm.target(np.int64(0))) == 24 * 4  # type: ignore[arg-type, unused-ignore]
 
 
 @pytest.mark.parametrize("datatype", sorted(set(binproto.DATATYPES) - {"BYTES"}))

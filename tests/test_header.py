@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 import binproto
-from binproto._header import Kind, build_header
+from binproto._header import MAX_DIMS, Kind, build_header
 
 
 def test_a_fixed_size_binary_tensor_is_described() -> None:
@@ -153,3 +154,17 @@ def test_parameters_of_tensors_outputs_and_responses_are_taken_as_sent() -> None
     response: dict[str, Any] = {"outputs": [tensor], "parameters": odd}
     header, _ = build_header(response, "response", binproto.Limits(), 30)
     assert header.parameters == odd
+
+
+def test_a_shape_may_have_as_many_dimensions_as_numpy_allows() -> None:
+    # numpy allows 64 dimensions from numpy 2, 32 before: the limit follows it.
+    limit = 64 if int(np.__version__.split(".")[0]) >= 2 else 32
+    assert MAX_DIMS == limit
+    for ndim, refused in ((limit, False), (limit + 1, True)):
+        t = {"name": "x", "datatype": "FP32", "shape": [1] * ndim, "data": [1.0]}
+        if refused:
+            with pytest.raises(binproto.RemoteProtocolError, match=f"more than the {limit}"):
+                build_header({"inputs": [t]}, "request", binproto.Limits(), 0)
+        else:
+            header, _ = build_header({"inputs": [t]}, "request", binproto.Limits(), 0)
+            assert header.tensors[0].shape == (1,) * ndim

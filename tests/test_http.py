@@ -446,7 +446,7 @@ def test_framing_headers_of_lengths_that_are_not_whole_numbers_are_refused(
     for make in (binproto.message_headers, binproto.raw_message_headers):
         with pytest.raises(LocalProtocolError, match="must be a non-negative int"):
             make(header_length, content_length)
-    assert binproto.message_headers(np.int64(3), np.uint16(7))[0] == (  # type: ignore[arg-type]
+    assert binproto.message_headers(np.int64(3), np.uint16(7))[0] == (  # type: ignore[arg-type, unused-ignore]
         "Inference-Header-Content-Length",
         "3",
     )

@@ -3,86 +3,30 @@ Ray's HTTP proxy, 2 replicas) and examples/ray_ingress.py (V2App under
 uvicorn, arrays to 2 Ray replicas through the object store).
 
 Ray pulls protobuf 7, which the test extra's kserve and grpcio-tools refuse.
-So these tests build a virtual environment of their own, ``.venv-ray/`` in
-the repository (``pip install -e ".[ray-test]"``, reused while
-pyproject.toml is unchanged), and run tests/ray_check.py there. Without a
-package index they skip, or fail when ``BINPROTO_REQUIRE_RAY`` is set (CI).
+So these tests run tests/ray_check.py in an environment of its own,
+``.venv-ray/`` (tests/ray_env.py). Without a package index to build it they
+skip, or fail when ``BINPROTO_REQUIRE_RAY`` is set (CI).
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import os
-import shutil
 import subprocess
-import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import binproto
+from tests.environments import ROOT, Unavailable
+from tests.ray_env import VENV, ray_environment
 
 # One worker runs them all: one Ray at a time, one build of its environment.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
-ROOT = Path(__file__).resolve().parent.parent
-#: Where the environment lives; BINPROTO_RAY_VENV names another place.
-VENV = Path(os.environ.get("BINPROTO_RAY_VENV") or ROOT / ".venv-ray")
-#: Holds the hash of the pyproject.toml the environment was built from.
-STAMP = VENV / "binproto-ray-test.stamp"
 REQUIRE_RAY = "BINPROTO_REQUIRE_RAY"
 SIZES_MIB = (64, 256)
-
-
-class Unavailable(Exception):
-    """The Ray environment cannot be built here."""
-
-
-def _python() -> Path:
-    return VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-
-
-def _run(command: Sequence[str | Path], timeout: float) -> None:
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise Unavailable(f"{' '.join(map(str, command))}: {exc}") from exc
-    if done.returncode != 0:
-        lines = (done.stderr or done.stdout).strip().splitlines()
-        errors = [line.strip() for line in lines if "ERROR:" in line] or lines[-5:]
-        raise Unavailable(f"{' '.join(map(str, command))} exited {done.returncode}: {errors}")
-
-
-def ray_environment() -> Path:
-    """The Python of ``.venv-ray/``, built first when missing or out of date
-    (by one process at a time: another would run it while it is rebuilt)."""
-    VENV.parent.mkdir(parents=True, exist_ok=True)
-    with open(VENV.parent / ".venv-ray.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return _built()
-
-
-def _built() -> Path:
-    wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
-    if _python().exists() and STAMP.exists() and STAMP.read_text() == wanted:
-        return _python()
-    shutil.rmtree(VENV, ignore_errors=True)
-    _run([sys.executable, "-m", "venv", VENV], timeout=120)
-    install: list[str | Path] = [
-        _python(),
-        "-m",
-        "pip",
-        "install",
-        "--quiet",
-        "--disable-pip-version-check",
-    ]
-    _run([*install, "-e", f"{ROOT}[ray-test]"], timeout=1200)
-    STAMP.write_text(wanted)
-    return _python()
 
 
 @pytest.fixture(scope="module")

@@ -76,8 +76,8 @@ def test_a_client_timeout_must_be_positive_seconds_or_none(backend: str, bad: An
     client("127.0.0.1", 8000, timeout=None)
     client("127.0.0.1", 8000, timeout=0.5)
     # (a number of seconds, of numpy's)
-    client("127.0.0.1", 8000, timeout=np.float64(5.0))  # type: ignore[arg-type]
-    assert Timeouts(keep_alive=np.float64(5.0)).keep_alive == 5.0  # type: ignore[arg-type]
+    client("127.0.0.1", 8000, timeout=np.float64(5.0))  # type: ignore[arg-type, unused-ignore]
+    assert Timeouts(keep_alive=np.float64(5.0)).keep_alive == 5.0  # type: ignore[arg-type, unused-ignore]
 
 
 def test_an_idle_connection_is_closed_after_keep_alive(http_backend: str) -> None:
@@ -359,6 +359,6 @@ def test_a_timeout_is_kept_as_a_float() -> None:
     # (the server adds it to the clock: a Decimal would fail there, per request)
     with pytest.raises(LocalProtocolError, match="head"):
         Timeouts(head=Decimal("5"))  # type: ignore[arg-type]
-    kept = Timeouts(keep_alive=np.float32(2.5), head=3)  # type: ignore[arg-type]
+    kept = Timeouts(keep_alive=np.float32(2.5), head=3)  # type: ignore[arg-type, unused-ignore]
     assert type(kept.keep_alive) is float and kept.keep_alive == 2.5
     assert kept.head == 3

@@ -496,7 +496,7 @@ def test_a_tensor_index_of_any_integer_type_is_taken() -> None:
     w = BodyWriter(encoded())
     w.start()
     index = np.int64(0)  # the index of "a" in the header
-    assert w.send(index, ARRAYS["a"]) is ARRAYS["a"]  # type: ignore[arg-type]
+    assert w.send(index, ARRAYS["a"]) is ARRAYS["a"]  # type: ignore[arg-type, unused-ignore]
     other = BodyWriter(encoded())
     other.start()
     with pytest.raises(LocalProtocolError, match="with index True"):

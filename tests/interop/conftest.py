@@ -74,10 +74,11 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonPeer]:
     """A real Triton Inference Server (nvidia-pytriton's binary) on 127.0.0.1.
 
     Serves the identity model of every datatype (``triton_peer.model_name``).
-    Started once for the session and stopped at its end; if it does not become
-    ready the error holds its log. Skipped, with the reason, where Triton cannot
-    run (not Linux x86_64, nvidia-pytriton or the system's numpy 1 missing),
-    unless ``BINPROTO_REQUIRE_TRITON`` is set.
+    The binary comes from ``.venv-triton/``, built on first use. Started once
+    for the session and stopped at its end; if it does not become ready the
+    error holds its log. Skipped, with the reason, where Triton cannot run (not
+    Linux x86_64, no numpy 1 in the system's Python, no package index to
+    install the wheel from), unless ``BINPROTO_REQUIRE_TRITON`` is set.
     """
     reason = triton_unavailable()
     if reason is not None:

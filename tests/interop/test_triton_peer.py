@@ -3,14 +3,13 @@ and the reasons it gives where Triton cannot run."""
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import os
 import sys
 from pathlib import Path
 
 import pytest
 
+from ..environments import Unavailable
 from . import triton_peer
 from .triton_peer import DATATYPES, SINGLE_INPUT_MODEL, model_name, write_models
 
@@ -34,20 +33,59 @@ def test_one_identity_model_per_datatype(tmp_path: Path) -> None:
     assert "INPUT1" not in single and "data_type: TYPE_FP32" in single
 
 
+def _system_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, answer: str) -> None:
+    """A system Python that says it is ``answer`` (version, numpy's version)."""
+    fake = tmp_path / "python3"
+    fake.write_text(f"#!/bin/sh\necho {answer}\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(triton_peer, "SYSTEM_PYTHON", str(fake))
+
+
+def _no_package_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", "")
+
+
 @linux_x86_64
-def test_reason_when_the_wheel_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+def test_reason_when_the_environment_cannot_be_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _system_python(tmp_path, monkeypatch, "3.11 1.24.2")
+    monkeypatch.setattr(triton_peer, "VENV", tmp_path / "venv")
+    _no_package_index(monkeypatch)
     reason = triton_peer.triton_unavailable()
-    assert reason is not None and "nvidia-pytriton is not installed" in reason
+    assert reason is not None and reason.startswith("no Triton environment")
+    # The reason names the step that failed, and pip's own words.
+    assert "pip install" in reason and "No matching distribution" in reason
+    assert not (tmp_path / "venv" / "binproto.stamp").exists()
+
+
+def test_the_environment_is_reused_until_the_pin_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    venv = tmp_path / "venv"
+    package = venv / "lib" / "python3.11" / "site-packages" / "pytriton"
+    package.mkdir(parents=True)
+    (venv / "bin").mkdir()
+    (venv / "bin" / "python").write_bytes(b"")
+    (venv / "binproto.stamp").write_text(triton_peer.TRITON_WHEEL)
+    monkeypatch.setattr(triton_peer, "VENV", venv)
+    _no_package_index(monkeypatch)
+    # Built with the pinned wheel: reused, pip never runs.
+    assert triton_peer.triton_environment() == package
+    # Another pin rebuilds it, which fails here without an index.
+    monkeypatch.setattr(triton_peer, "TRITON_WHEEL", "nvidia-pytriton==0.0.0")
+    with pytest.raises(Unavailable, match=r"nvidia-pytriton==0\.0\.0"):
+        triton_peer.triton_environment()
+    assert not package.exists()
 
 
 def _fake_wheel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     package = tmp_path / "pytriton"
     (package / "tritonserver" / "bin").mkdir(parents=True)
     (package / "tritonserver" / "bin" / "tritonserver").write_bytes(b"")
-    spec = importlib.machinery.ModuleSpec("pytriton", None, is_package=True)
-    spec.submodule_search_locations = [str(package)]
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec)
+    monkeypatch.setattr(triton_peer, "triton_environment", lambda: package)
 
 
 @linux_x86_64
@@ -65,10 +103,7 @@ def test_reason_when_the_system_numpy_is_not_numpy_1(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _fake_wheel(tmp_path, monkeypatch)
-    fake = tmp_path / "python3"
-    fake.write_text("#!/bin/sh\necho 3.11 2.4.0\n")
-    fake.chmod(0o755)
-    monkeypatch.setattr(triton_peer, "SYSTEM_PYTHON", str(fake))
+    _system_python(tmp_path, monkeypatch, "3.11 2.4.0")
     reason = triton_peer.triton_unavailable()
     assert reason is not None and "needs numpy 1" in reason and "2.4.0" in reason
 

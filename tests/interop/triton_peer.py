@@ -1,11 +1,14 @@
 """Run a real Triton Inference Server on 127.0.0.1 with identity models.
 
 The ``nvidia-pytriton`` wheel bundles a ``tritonserver`` binary and its python
-backend. :func:`start_triton` runs that binary directly (not pytriton's Python
-API) on a model repository it writes: one python-backend identity model per
-datatype, ``identity_<datatype>`` (``identity_fp32``, ``identity_bytes``...),
-with inputs ``INPUT0`` and optional ``INPUT1`` of any 1-D shape, returned as
-``OUTPUT0`` and ``OUTPUT1``.
+backend. It pins numpy < 2, so it lives apart from the test environment:
+:func:`triton_environment` installs it, without its dependencies, in a
+virtual environment of its own (``.venv-triton/``, tests/environments.py) on
+first use. :func:`start_triton` runs that binary directly (pytriton's Python API is
+never imported) on a model repository it writes: one python-backend identity
+model per datatype, ``identity_<datatype>`` (``identity_fp32``,
+``identity_bytes``...), with inputs ``INPUT0`` and optional ``INPUT1`` of any
+1-D shape, returned as ``OUTPUT0`` and ``OUTPUT1``.
 
 The python backend's stub embeds the system's libpython, so its models import
 the system's numpy, which must be numpy 1 (Debian's ``python3-numpy``): with
@@ -21,7 +24,6 @@ Usable outside pytest (the throughput benchmark starts it too)::
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import shutil
 import signal
@@ -34,6 +36,8 @@ import urllib.request
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..environments import ROOT, Unavailable, build
 
 #: Every datatype Triton's python backend carries (it has no BF16 in numpy).
 DATATYPES = (
@@ -54,6 +58,13 @@ DATATYPES = (
 
 #: The interpreter whose libpython and numpy the python backend's stub uses.
 SYSTEM_PYTHON = "/usr/bin/python3"
+
+#: The wheel that bundles Triton 2.51. Pinned: what Triton accepts changes
+#: between releases (docs/interop.md).
+TRITON_WHEEL = "nvidia-pytriton==0.7.0"
+
+#: Where that wheel is installed; ``BINPROTO_TRITON_VENV`` names another place.
+VENV = Path(os.environ.get("BINPROTO_TRITON_VENV") or ROOT / ".venv-triton")
 
 _MODEL_PY = '''\
 import numpy as np
@@ -131,19 +142,25 @@ class TritonInstall:
     stub: Path  #: ``triton_python_backend_stub`` for the system's Python
 
 
+def triton_environment() -> Path:
+    """The ``pytriton`` package folder in :data:`VENV`, installed first when
+    missing or of another version (see tests/environments.py).
+
+    Only the wheel is installed: its dependencies serve pytriton's Python
+    API, which is never imported. Raises ``Unavailable`` when pip fails.
+    """
+    build(VENV, TRITON_WHEEL, lambda source: ["--no-deps", TRITON_WHEEL])
+    found = sorted(VENV.glob("lib/python3*/site-packages/pytriton"))
+    if not found:
+        raise Unavailable(f"{TRITON_WHEEL} installed no pytriton package in {VENV}")
+    return found[0]
+
+
 def find_triton() -> TritonInstall | str:
-    """The installed Triton pieces, or the reason Triton cannot run here."""
+    """The Triton pieces in :data:`VENV` (installed on first use), or the
+    reason Triton cannot run here."""
     if sys.platform != "linux" or os.uname().machine != "x86_64":
         return "Triton's binary (nvidia-pytriton) is built for Linux x86_64 only"
-    spec = importlib.util.find_spec("pytriton")  # locate only: never imported
-    if spec is None or not spec.submodule_search_locations:
-        return "nvidia-pytriton is not installed (pip install -e '.[test]')"
-    package = Path(next(iter(spec.submodule_search_locations)))
-    home = package / "tritonserver"
-    libs = package.parent / "nvidia_pytriton.libs"
-    server = home / "bin" / "tritonserver"
-    if not server.exists():
-        return f"nvidia-pytriton has no tritonserver binary at {server}"
     probe = (
         "import sys, numpy; "
         "print(f'{sys.version_info[0]}.{sys.version_info[1]}', numpy.__version__)"
@@ -162,6 +179,15 @@ def find_triton() -> TritonInstall | str:
     version, numpy_version = done.stdout.split()
     if not numpy_version.startswith("1."):
         return f"Triton's python backend needs numpy 1 in {SYSTEM_PYTHON}, found {numpy_version}"
+    try:
+        package = triton_environment()
+    except Unavailable as exc:
+        return f"no Triton environment ({VENV}): {exc}"
+    home = package / "tritonserver"
+    libs = package.parent / "nvidia_pytriton.libs"
+    server = home / "bin" / "tritonserver"
+    if not server.exists():
+        return f"nvidia-pytriton has no tritonserver binary at {server}"
     stub = home / "python_backend_stubs" / version / "triton_python_backend_stub"
     if not stub.exists():
         return f"nvidia-pytriton has no python backend stub for the system's Python {version}"
