@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import urllib.parse
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -40,6 +41,7 @@ from ._app import (
     echo_model,
 )
 from ._intake import WHOLE_BODY, BodyBudget, InferenceError, drains_for_answer
+from ._streams import seconds_or_none
 from .asgi import (
     CHUNK_SIZE,
     BodySource,
@@ -68,6 +70,64 @@ async def _sleep0() -> None:
     await asyncio.sleep(0)
 
 
+#: The longest a stalled body receive may wait past its timeout: the check's period.
+STALL_CHECK = 1.0
+
+
+class _Stalls:
+    """The body receives waiting on one asyncio event loop, and one timer
+    that ends those past their deadline (a 408 from the reader).
+
+    A timer per receive (``asyncio.timeout``) costs microseconds a request;
+    this costs a dict entry, and one timer run per period while receives
+    wait. A receive waits at most ``STALL_CHECK`` (or a quarter of its
+    timeout, when less) past its timeout."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        #: The receives waiting: reader -> (deadline, its task).
+        self.waiting: dict[AsgiBodyReader, tuple[float, asyncio.Task[Any]]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._period = STALL_CHECK
+
+    def start(self, reader: AsgiBodyReader, timeout: float) -> None:
+        """Note that ``reader`` now waits for a receive, at most ``timeout`` seconds."""
+        task = asyncio.current_task(self._loop)
+        assert task is not None  # (a receive is awaited in a task)
+        self.waiting[reader] = (self._loop.time() + timeout, task)
+        if timeout / 4 < self._period:
+            self._period = timeout / 4
+        if self._timer is None:
+            self._timer = self._loop.call_later(self._period, self._check)
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        for reader, (deadline, task) in list(self.waiting.items()):
+            if now >= deadline:
+                del self.waiting[reader]
+                reader.stalled = True
+                task.cancel()  # (the reader turns it into its 408 fault)
+        self._timer = self._loop.call_later(self._period, self._check) if self.waiting else None
+
+
+#: Each asyncio event loop's waiting receives (a V2App may serve on several loops in turn).
+_stalls_by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Stalls] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _stalls() -> _Stalls | None:
+    """The running asyncio loop's :class:`_Stalls`; None under another library."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+    stalls = _stalls_by_loop.get(loop)
+    if stalls is None:
+        stalls = _stalls_by_loop[loop] = _Stalls(loop)
+    return stalls
+
+
 class AsgiBodyReader:
     """A request body read from an ASGI ``receive`` callable, as
     :class:`~binproto.adapters._intake.MessageBody` reads it (a
@@ -78,13 +138,20 @@ class AsgiBodyReader:
     budget: BodyBudget | None = None
     claimed = 0
 
-    def __init__(self, receive: BodySource, content_length: int | None) -> None:
+    def __init__(
+        self, receive: BodySource, content_length: int | None, timeout: float | None = None
+    ) -> None:
         self._chunks = _Chunks(receive)
         self._remaining = content_length
         self._pending: Any = b""  # received, not handed out yet
         self._received = 0  # bytes of the body received
         self.done = content_length == 0
         self.failed: RemoteProtocolError | None = None
+        # The longest wait for more of the body (asyncio only: see _Stalls).
+        self._timeout = timeout
+        self._stalls = _stalls() if timeout is not None else None
+        #: True once a receive waited longer than the timeout.
+        self.stalled = False
         self.to_thread: Callable[..., Awaitable[Any]] | None = _thread_runner()
         # Under asyncio a compressed body lets other tasks run as it inflates.
         self.checkpoint: Callable[[], Awaitable[None]] | None = (
@@ -111,7 +178,7 @@ class AsgiBodyReader:
         if self.failed is not None:
             raise self.failed
         try:
-            chunk = await anext(self._chunks, None)
+            chunk = await self._next_chunk()
         except RemoteProtocolError as exc:
             self.failed = exc
             raise
@@ -127,6 +194,30 @@ class AsgiBodyReader:
         if self.budget is not None and self._remaining is None:
             self.budget.claim(self, self._received)  # a chunked body claims bytes as they come
         return chunk
+
+    async def _next_chunk(self) -> Any:
+        """The next chunk of the body, or None at its end; a 408 fault when
+        none comes within the timeout."""
+        stalls = self._stalls
+        if stalls is None:
+            return await anext(self._chunks, None)
+        assert self._timeout is not None
+        stalls.start(self, self._timeout)
+        try:
+            return await anext(self._chunks, None)
+        except asyncio.CancelledError:
+            if not self.stalled:
+                raise  # (cancelled by someone else: the server, shutting down)
+            task = asyncio.current_task()
+            if task is not None and hasattr(task, "uncancel"):  # (Python 3.11+)
+                task.uncancel()
+            raise RemoteProtocolError(
+                f"timed out waiting for the body (nothing came in {self._timeout:g} s)",
+                status_hint=408,
+                offset=self._received,
+            ) from None
+        finally:
+            stalls.waiting.pop(self, None)
 
     async def read(self, max_bytes: int = 1 << 62) -> Any:
         """The next piece of the body (at most ``max_bytes``); empty at its end."""
@@ -207,9 +298,10 @@ class V2App:
     (see :class:`~binproto.adapters.asgi.EncodedResponse`), compressed when
     the client accepts it, as ``V2Server`` does.
 
-    Timeouts are the ASGI server's (uvicorn: keep-alive; it has no body
-    timeout). A body that ends early, or a client that leaves, ends the
-    request without an answer.
+    Timeouts: the ASGI server's (uvicorn: keep-alive), and ``body_timeout``
+    (asyncio servers only: uvicorn, hypercorn's asyncio workers). A body
+    that ends early, or a client that leaves, ends the request without an
+    answer.
 
     Args:
         models: the models to serve (default: the built-in ``echo`` model).
@@ -222,6 +314,11 @@ class V2App:
             may hold at once (a :class:`~binproto.adapters.server.BodyBudget`),
             or None for no bound. Each process has its own app, so each
             worker of a multi-process server its own budget.
+        body_timeout: the longest wait for more of a request body, in
+            seconds (inactivity, not a deadline: a slow body that keeps
+            moving is read), as ``V2Server``'s ``Timeouts.body``. Past it the
+            request is answered 408 and the connection closed. None: no
+            bound. Checked every second (or a quarter of it, when less).
         views: send response bodies as views of the outputs' memory (no
             copy; uvicorn and hypercorn take them). False sends ``bytes``,
             as the ASGI spec says, for servers that pass messages between
@@ -238,6 +335,7 @@ class V2App:
         compression_level: int = 1,
         max_body_bytes_in_flight: int | None = None,
         views: bool = True,
+        body_timeout: float | None = 30.0,
     ) -> None:
         if models is None:
             models = [echo_model()]
@@ -251,6 +349,8 @@ class V2App:
         most = max_body_bytes_in_flight
         self._budget = BodyBudget(most) if most is not None else None
         self.views = views
+        #: The longest wait for more of a request body (seconds), or None.
+        self.body_timeout = seconds_or_none(body_timeout, "body_timeout")
 
     @property
     def body_bytes_in_flight(self) -> int:
@@ -304,7 +404,7 @@ class V2App:
         reader: AsgiBodyReader | None = None
         try:
             claims = body_claims(fields)
-            reader = AsgiBodyReader(receive, claims.content_length)
+            reader = AsgiBodyReader(receive, claims.content_length, self.body_timeout)
             length = claims.content_length
             if (
                 length is not None
@@ -419,8 +519,8 @@ async def _error(
             reader.budget = None
         expects = "expect" in _scope_fields(scope)
         remaining = reader.remaining
-        if not drains_for_answer(exc, remaining):
-            close = True
+        if not drains_for_answer(exc, remaining) or reader.stalled:
+            close = True  # (a stalled body is not waited for again)
         elif reader.failed is None and not (expects and not reader._received):
             if remaining is None or remaining <= DISCARD_LIMIT:
                 await reader.discard()
