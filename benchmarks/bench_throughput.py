@@ -212,7 +212,7 @@ def wrk(port: int, script: Path, connections: int, seconds: float, path: str = E
     """One wrk run against an echo model's infer endpoint (``path``)."""
     url = f"http://127.0.0.1:{port}{path}"
     out = subprocess.run(
-        ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script), url],
+        ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "--latency", "-s", str(script), url],
         capture_output=True,
         text=True,
         check=True,
@@ -220,6 +220,10 @@ def wrk(port: int, script: Path, connections: int, seconds: float, path: str = E
     )
     return parse_wrk(out.stdout)
 
+
+#: Servers also compared with a real Triton, when it runs: the least ratio
+#: of their request rate to Triton's (``vs_triton``, median per round).
+TRITON_TARGETS = {"binproto-v2app": 1.3, "binproto-asyncio": None}
 
 #: The least ratio to the floor each of binproto's servers should reach.
 TARGETS = {
@@ -261,6 +265,14 @@ def measure(
                         # Per round: this revision's request rate over the other's.
                         ratios = [a.rps / b.rps for a, b in zip(results, theirs, strict=True)]
                         extra[f"vs_{other.partition('@')[2]}"] = round(statistics.median(ratios), 3)
+                triton = samples.get("triton")
+                if name in TRITON_TARGETS and triton is not None:
+                    ratios = [a.rps / b.rps for a, b in zip(results, triton, strict=True)]
+                    extra["vs_triton"] = round(statistics.median(ratios), 3)
+                    least = TRITON_TARGETS[name]
+                    if least is not None:
+                        extra["triton_target"] = f">= {least}x triton"
+                        extra["triton_met"] = "yes" if extra["vs_triton"] >= least else "no"
                 rows.append(
                     row(
                         f"echo {size // 1024} KiB FP32, {conns} connections",
@@ -310,7 +322,15 @@ def checkout(rev: str, directory: Path) -> Iterator[Path]:
         )
 
 
-def run(quick: bool, names: Sequence[str] | None = None, against: str | None = None) -> list[Row]:
+def run(
+    quick: bool,
+    names: Sequence[str] | None = None,
+    against: str | None = None,
+    *,
+    rounds: int | None = None,
+    seconds: float | None = None,
+    connections: Sequence[int] | None = None,
+) -> list[Row]:
     """Measure every available server; the runner's entry point. With
     ``against`` (a git revision), binproto's servers of that revision run too,
     in the same interleaved rounds, as ``NAME@REV`` (each current server's row
@@ -321,9 +341,12 @@ def run(quick: bool, names: Sequence[str] | None = None, against: str | None = N
         print(f"throughput: {reason}", file=sys.stderr)
         return [{"workload": "serving throughput", "impl": "not measured", "note": reason}]
     sizes = pick(current, full=[4096, 65536, 1 << 20], quick=[4096], tiny=[4096])
-    connections = pick(current, full=[8, 64], quick=[8], tiny=[8])
-    rounds = pick(current, full=2, quick=2, tiny=1)
-    seconds = pick(current, full=3, quick=2, tiny=1)
+    if connections is None:
+        connections = pick(current, full=[8, 64], quick=[8], tiny=[8])
+    if rounds is None:
+        rounds = pick(current, full=2, quick=2, tiny=1)
+    if seconds is None:
+        seconds = pick(current, full=3, quick=2, tiny=1)
     commands = available(names)
     if current == "tiny":  # the smoke test: one floor and one server, briefly
         commands = {n: c for n, c in commands.items() if n in ("h11-floor", "binproto-asyncio")}
@@ -375,8 +398,14 @@ def main() -> None:
         metavar="REV",
         help="also run binproto's servers of git revision REV, in the same rounds",
     )
+    parser.add_argument("--rounds", type=int, help="interleaved rounds (default: 2)")
+    parser.add_argument("--seconds", type=float, help="seconds of each wrk run")
+    parser.add_argument(
+        "--connections", type=int, action="append", help="connection counts (repeatable)"
+    )
     args = parser.parse_args()
-    for r in run(args.quick, args.server, args.against):
+    chosen = {"rounds": args.rounds, "seconds": args.seconds, "connections": args.connections}
+    for r in run(args.quick, args.server, args.against, **chosen):
         if "rps" not in r:
             print(r)
             continue

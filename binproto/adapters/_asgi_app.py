@@ -14,7 +14,6 @@ import asyncio
 import json
 import logging
 import urllib.parse
-import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -84,6 +83,7 @@ class _Stalls:
     timeout, when less) past its timeout."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
         self._loop = loop
         #: The receives waiting: reader -> (deadline, its task).
         self.waiting: dict[AsgiBodyReader, tuple[float, asyncio.Task[Any]]] = {}
@@ -110,21 +110,21 @@ class _Stalls:
         self._timer = self._loop.call_later(self._period, self._check) if self.waiting else None
 
 
-#: Each asyncio event loop's waiting receives (a V2App may serve on several loops in turn).
-_stalls_by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Stalls] = (
-    weakref.WeakKeyDictionary()
-)
+#: The last event loop's :class:`_Stalls` (a process serves on one loop; a
+#: reader keeps the one it started with, whatever loop comes next).
+_last_stalls: _Stalls | None = None
 
 
 def _stalls() -> _Stalls | None:
     """The running asyncio loop's :class:`_Stalls`; None under another library."""
+    global _last_stalls
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
         return None
-    stalls = _stalls_by_loop.get(loop)
-    if stalls is None:
-        stalls = _stalls_by_loop[loop] = _Stalls(loop)
+    stalls = _last_stalls
+    if stalls is None or stalls.loop is not loop:
+        stalls = _last_stalls = _Stalls(loop)
     return stalls
 
 
@@ -177,11 +177,30 @@ class AsgiBodyReader:
     async def _receive(self) -> Any:
         if self.failed is not None:
             raise self.failed
+        stalls = self._stalls
+        if stalls is not None:
+            assert self._timeout is not None
+            stalls.start(self, self._timeout)
         try:
-            chunk = await self._next_chunk()
+            chunk = await anext(self._chunks, None)
         except RemoteProtocolError as exc:
             self.failed = exc
             raise
+        except asyncio.CancelledError:
+            if not self.stalled:
+                raise  # (cancelled by someone else: the server, shutting down)
+            task = asyncio.current_task()
+            if task is not None and hasattr(task, "uncancel"):  # (Python 3.11+)
+                task.uncancel()
+            self.failed = RemoteProtocolError(
+                f"timed out waiting for the body (nothing came in {self._timeout:g} s)",
+                status_hint=408,
+                offset=self._received,
+            )
+            raise self.failed from None
+        finally:
+            if stalls is not None:
+                stalls.waiting.pop(self, None)
         if chunk is None:
             self.done = True
             if self._remaining:  # (the server frames bodies: only a disconnect ends one early)
@@ -194,30 +213,6 @@ class AsgiBodyReader:
         if self.budget is not None and self._remaining is None:
             self.budget.claim(self, self._received)  # a chunked body claims bytes as they come
         return chunk
-
-    async def _next_chunk(self) -> Any:
-        """The next chunk of the body, or None at its end; a 408 fault when
-        none comes within the timeout."""
-        stalls = self._stalls
-        if stalls is None:
-            return await anext(self._chunks, None)
-        assert self._timeout is not None
-        stalls.start(self, self._timeout)
-        try:
-            return await anext(self._chunks, None)
-        except asyncio.CancelledError:
-            if not self.stalled:
-                raise  # (cancelled by someone else: the server, shutting down)
-            task = asyncio.current_task()
-            if task is not None and hasattr(task, "uncancel"):  # (Python 3.11+)
-                task.uncancel()
-            raise RemoteProtocolError(
-                f"timed out waiting for the body (nothing came in {self._timeout:g} s)",
-                status_hint=408,
-                offset=self._received,
-            ) from None
-        finally:
-            stalls.waiting.pop(self, None)
 
     async def read(self, max_bytes: int = 1 << 62) -> Any:
         """The next piece of the body (at most ``max_bytes``); empty at its end."""
