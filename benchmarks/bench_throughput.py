@@ -109,11 +109,54 @@ COMMANDS: dict[str, list[str]] = {
 
 @dataclass
 class Result:
-    """One wrk run: requests per second, p99 latency in seconds, and errors."""
+    """One wrk run: requests per second, p99 latency in seconds, and errors;
+    the CPU cores the server used and the machine left idle meanwhile (None
+    where /proc does not tell)."""
 
     rps: float
     p99: float
     errors: int
+    server_cores: float | None = None
+    idle_cores: float | None = None
+
+
+#: The process of the server listening on each port (see ``running``).
+PIDS: dict[int, int] = {}
+
+
+def _ticks(fields: list[str]) -> float:
+    return sum(map(int, fields)) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu(pid: int) -> float | None:
+    """CPU seconds (user and system) of process ``pid`` and its children
+    (a server's workers), from /proc; None elsewhere."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    total = 0.0
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # (gone meanwhile)
+        if int(entry) == pid or int(fields[1]) == pid:  # itself, or a child
+            total += _ticks(fields[11:13])  # utime, stime
+    return total
+
+
+def idle_cpu() -> float | None:
+    """CPU seconds all cores have spent idle since boot, from /proc; None elsewhere."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    return _ticks(fields[4:6])  # idle, iowait
 
 
 def _ready(port: int) -> bool:
@@ -150,6 +193,7 @@ def running(
     )
     if inherit:
         sock.close()  # the child has its own copy
+    PIDS[port] = proc.pid
     try:
         deadline = time.monotonic() + timeout
         while not _ready(port):
@@ -158,6 +202,7 @@ def running(
             time.sleep(0.1)
         yield port
     finally:
+        PIDS.pop(port, None)
         proc.terminate()
         try:
             proc.wait(timeout=10)
@@ -209,8 +254,14 @@ def parse_wrk(text: str) -> Result:
 
 
 def wrk(port: int, script: Path, connections: int, seconds: float, path: str = ECHO[0]) -> Result:
-    """One wrk run against an echo model's infer endpoint (``path``)."""
+    """One wrk run against an echo model's infer endpoint (``path``), with
+    the CPU the server (when started by ``running``) and the machine's idle
+    cores had meanwhile: on a shared machine a server gets what others leave."""
     url = f"http://127.0.0.1:{port}{path}"
+    pid = PIDS.get(port)
+    cpu_before = tree_cpu(pid) if pid is not None else None
+    idle_before = idle_cpu()
+    start = time.monotonic()
     out = subprocess.run(
         ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "--latency", "-s", str(script), url],
         capture_output=True,
@@ -218,7 +269,15 @@ def wrk(port: int, script: Path, connections: int, seconds: float, path: str = E
         check=True,
         timeout=seconds + 30,
     )
-    return parse_wrk(out.stdout)
+    result = parse_wrk(out.stdout)
+    elapsed = time.monotonic() - start
+    cpu_after = tree_cpu(pid) if pid is not None else None
+    idle_after = idle_cpu()
+    if cpu_before is not None and cpu_after is not None:
+        result.server_cores = (cpu_after - cpu_before) / elapsed
+    if idle_before is not None and idle_after is not None:
+        result.idle_cores = (idle_after - idle_before) / elapsed
+    return result
 
 
 #: Servers also compared with a real Triton, when it runs: the least ratio
@@ -273,6 +332,15 @@ def measure(
                     if least is not None:
                         extra["triton_target"] = f">= {least}x triton"
                         extra["triton_met"] = "yes" if extra["vs_triton"] >= least else "no"
+                cores = [r.server_cores for r in results if r.server_cores is not None]
+                if cores:
+                    # Requests per CPU second: what the server does with the CPU it got.
+                    extra["server_cores"] = round(statistics.median(cores), 2)
+                    per_core = [r.rps / r.server_cores for r in results if r.server_cores]
+                    extra["rps_per_core"] = round(statistics.median(per_core)) if per_core else None
+                idle = [r.idle_cores for r in results if r.idle_cores is not None]
+                if idle:
+                    extra["idle_cores"] = round(statistics.median(idle), 2)
                 rows.append(
                     row(
                         f"echo {size // 1024} KiB FP32, {conns} connections",
@@ -411,9 +479,14 @@ def main() -> None:
             continue
         ratio = f"{r['ratio']:.2f}x {r['baseline']}" if r.get("ratio") is not None else ""
         versus = "".join(f"  {v}x {k[3:]}" for k, v in r.items() if k.startswith("vs_"))
+        cpu = ""
+        if r.get("server_cores") is not None:
+            cpu = f"  {r['server_cores']} cores ({r['rps_per_core']} req/s a core)"
+        if r.get("idle_cores") is not None:
+            cpu += f"  idle {r['idle_cores']}"
         print(
             f"{r['workload']:36} {r['impl']:18} {r['rps']:>8} req/s  "
-            f"p99 {r['p99_ms']:>7} ms  {ratio}{versus}  errors={r['errors']}"
+            f"p99 {r['p99_ms']:>7} ms  {ratio}{versus}{cpu}  errors={r['errors']}"
         )
 
 
