@@ -202,3 +202,11 @@ def test_under_uvicorn_a_stalled_body_is_answered_408_and_closed() -> None:
     assert b"timed out waiting for the body" in received
     assert b"connection: close" in received.lower()
     assert 0.5 <= elapsed < 0.5 + 0.125 + 0.5
+
+
+def test_the_v2app_instruction_loop_answers_each_request_with_the_echo() -> None:
+    # benchmarks.instructions' request-v2app loop asserts a 200 with the
+    # tensor echoed for each request: its count is of real work.
+    from benchmarks.instructions import loop
+
+    loop("request-v2app", 50)
