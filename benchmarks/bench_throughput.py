@@ -109,11 +109,54 @@ COMMANDS: dict[str, list[str]] = {
 
 @dataclass
 class Result:
-    """One wrk run: requests per second, p99 latency in seconds, and errors."""
+    """One wrk run: requests per second, p99 latency in seconds, and errors;
+    the CPU cores the server used and the machine left idle meanwhile (None
+    where /proc does not tell)."""
 
     rps: float
     p99: float
     errors: int
+    server_cores: float | None = None
+    idle_cores: float | None = None
+
+
+#: The process of the server listening on each port (see ``running``).
+PIDS: dict[int, int] = {}
+
+
+def _ticks(fields: list[str]) -> float:
+    return sum(map(int, fields)) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu(pid: int) -> float | None:
+    """CPU seconds (user and system) of process ``pid`` and its children
+    (a server's workers), from /proc; None elsewhere."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    total = 0.0
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # (gone meanwhile)
+        if int(entry) == pid or int(fields[1]) == pid:  # itself, or a child
+            total += _ticks(fields[11:13])  # utime, stime
+    return total
+
+
+def idle_cpu() -> float | None:
+    """CPU seconds all cores have spent idle since boot, from /proc; None elsewhere."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    return _ticks(fields[4:6])  # idle, iowait
 
 
 def _ready(port: int) -> bool:
@@ -150,6 +193,7 @@ def running(
     )
     if inherit:
         sock.close()  # the child has its own copy
+    PIDS[port] = proc.pid
     try:
         deadline = time.monotonic() + timeout
         while not _ready(port):
@@ -158,6 +202,7 @@ def running(
             time.sleep(0.1)
         yield port
     finally:
+        PIDS.pop(port, None)
         proc.terminate()
         try:
             proc.wait(timeout=10)
@@ -209,17 +254,35 @@ def parse_wrk(text: str) -> Result:
 
 
 def wrk(port: int, script: Path, connections: int, seconds: float, path: str = ECHO[0]) -> Result:
-    """One wrk run against an echo model's infer endpoint (``path``)."""
+    """One wrk run against an echo model's infer endpoint (``path``), with
+    the CPU the server (when started by ``running``) and the machine's idle
+    cores had meanwhile: on a shared machine a server gets what others leave."""
     url = f"http://127.0.0.1:{port}{path}"
+    pid = PIDS.get(port)
+    cpu_before = tree_cpu(pid) if pid is not None else None
+    idle_before = idle_cpu()
+    start = time.monotonic()
     out = subprocess.run(
-        ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script), url],
+        ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "--latency", "-s", str(script), url],
         capture_output=True,
         text=True,
         check=True,
         timeout=seconds + 30,
     )
-    return parse_wrk(out.stdout)
+    result = parse_wrk(out.stdout)
+    elapsed = time.monotonic() - start
+    cpu_after = tree_cpu(pid) if pid is not None else None
+    idle_after = idle_cpu()
+    if cpu_before is not None and cpu_after is not None:
+        result.server_cores = (cpu_after - cpu_before) / elapsed
+    if idle_before is not None and idle_after is not None:
+        result.idle_cores = (idle_after - idle_before) / elapsed
+    return result
 
+
+#: Servers also compared with a real Triton, when it runs: the least ratio
+#: of their request rate to Triton's (``vs_triton``, median per round).
+TRITON_TARGETS = {"binproto-v2app": 1.3, "binproto-asyncio": None}
 
 #: The least ratio to the floor each of binproto's servers should reach.
 TARGETS = {
@@ -261,6 +324,23 @@ def measure(
                         # Per round: this revision's request rate over the other's.
                         ratios = [a.rps / b.rps for a, b in zip(results, theirs, strict=True)]
                         extra[f"vs_{other.partition('@')[2]}"] = round(statistics.median(ratios), 3)
+                triton = samples.get("triton")
+                if name in TRITON_TARGETS and triton is not None:
+                    ratios = [a.rps / b.rps for a, b in zip(results, triton, strict=True)]
+                    extra["vs_triton"] = round(statistics.median(ratios), 3)
+                    least = TRITON_TARGETS[name]
+                    if least is not None:
+                        extra["triton_target"] = f">= {least}x triton"
+                        extra["triton_met"] = "yes" if extra["vs_triton"] >= least else "no"
+                cores = [r.server_cores for r in results if r.server_cores is not None]
+                if cores:
+                    # Requests per CPU second: what the server does with the CPU it got.
+                    extra["server_cores"] = round(statistics.median(cores), 2)
+                    per_core = [r.rps / r.server_cores for r in results if r.server_cores]
+                    extra["rps_per_core"] = round(statistics.median(per_core)) if per_core else None
+                idle = [r.idle_cores for r in results if r.idle_cores is not None]
+                if idle:
+                    extra["idle_cores"] = round(statistics.median(idle), 2)
                 rows.append(
                     row(
                         f"echo {size // 1024} KiB FP32, {conns} connections",
@@ -310,7 +390,15 @@ def checkout(rev: str, directory: Path) -> Iterator[Path]:
         )
 
 
-def run(quick: bool, names: Sequence[str] | None = None, against: str | None = None) -> list[Row]:
+def run(
+    quick: bool,
+    names: Sequence[str] | None = None,
+    against: str | None = None,
+    *,
+    rounds: int | None = None,
+    seconds: float | None = None,
+    connections: Sequence[int] | None = None,
+) -> list[Row]:
     """Measure every available server; the runner's entry point. With
     ``against`` (a git revision), binproto's servers of that revision run too,
     in the same interleaved rounds, as ``NAME@REV`` (each current server's row
@@ -321,9 +409,12 @@ def run(quick: bool, names: Sequence[str] | None = None, against: str | None = N
         print(f"throughput: {reason}", file=sys.stderr)
         return [{"workload": "serving throughput", "impl": "not measured", "note": reason}]
     sizes = pick(current, full=[4096, 65536, 1 << 20], quick=[4096], tiny=[4096])
-    connections = pick(current, full=[8, 64], quick=[8], tiny=[8])
-    rounds = pick(current, full=2, quick=2, tiny=1)
-    seconds = pick(current, full=3, quick=2, tiny=1)
+    if connections is None:
+        connections = pick(current, full=[8, 64], quick=[8], tiny=[8])
+    if rounds is None:
+        rounds = pick(current, full=2, quick=2, tiny=1)
+    if seconds is None:
+        seconds = pick(current, full=3, quick=2, tiny=1)
     commands = available(names)
     if current == "tiny":  # the smoke test: one floor and one server, briefly
         commands = {n: c for n, c in commands.items() if n in ("h11-floor", "binproto-asyncio")}
@@ -375,16 +466,27 @@ def main() -> None:
         metavar="REV",
         help="also run binproto's servers of git revision REV, in the same rounds",
     )
+    parser.add_argument("--rounds", type=int, help="interleaved rounds (default: 2)")
+    parser.add_argument("--seconds", type=float, help="seconds of each wrk run")
+    parser.add_argument(
+        "--connections", type=int, action="append", help="connection counts (repeatable)"
+    )
     args = parser.parse_args()
-    for r in run(args.quick, args.server, args.against):
+    chosen = {"rounds": args.rounds, "seconds": args.seconds, "connections": args.connections}
+    for r in run(args.quick, args.server, args.against, **chosen):
         if "rps" not in r:
             print(r)
             continue
         ratio = f"{r['ratio']:.2f}x {r['baseline']}" if r.get("ratio") is not None else ""
         versus = "".join(f"  {v}x {k[3:]}" for k, v in r.items() if k.startswith("vs_"))
+        cpu = ""
+        if r.get("server_cores") is not None:
+            cpu = f"  {r['server_cores']} cores ({r['rps_per_core']} req/s a core)"
+        if r.get("idle_cores") is not None:
+            cpu += f"  idle {r['idle_cores']}"
         print(
             f"{r['workload']:36} {r['impl']:18} {r['rps']:>8} req/s  "
-            f"p99 {r['p99_ms']:>7} ms  {ratio}{versus}  errors={r['errors']}"
+            f"p99 {r['p99_ms']:>7} ms  {ratio}{versus}{cpu}  errors={r['errors']}"
         )
 
 

@@ -34,7 +34,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import numpy as np
@@ -122,6 +122,7 @@ REQUEST_MODES = (
     "request-serve-new-heads",
     "request-serve-new-heads-none-kept",
     "request-asgi",
+    "request-v2app",
 )
 
 
@@ -174,6 +175,7 @@ def request_loop(mode: str, count: int) -> None:
     through docs/adapters.md's ASGI echo app; no I/O, no event loop. Each loop
     checks that the last request was answered with the echo."""
     from binproto.adapters._server import REMEMBERED_HEADS, V2Server
+    from binproto.adapters.asgi import V2App
 
     from .bench_parser import small_request
     from .floor_servers import binproto_asgi_app
@@ -223,21 +225,24 @@ def request_loop(mode: str, count: int) -> None:
         if n:
             assert stream.status_line == b"HTTP/1.1 200 " and stream.size > tensor_bytes
 
-    def asgi(n: int) -> None:
+    def asgi(n: int, app: Any = binproto_asgi_app) -> None:
         sent["messages"] = 0
         for _ in range(n):
-            _run_now(binproto_asgi_app(scope, receive, send))
+            _run_now(app(scope, receive, send))
         assert sent["messages"] == 2 * n  # each a response's start and its body
         if n:
             assert sent["status"] == 200 and sent["size"] > tensor_bytes
 
-    run = {
+    runs: dict[str, Callable[[int], None]] = {
         "request-codec": codec,
         "request-serve": serve,
         "request-serve-new-heads": lambda n: serve(n, new_heads=True),
         "request-serve-new-heads-none-kept": lambda n: serve(n, new_heads=True, remembered=0),
         "request-asgi": asgi,
-    }[mode]
+        # (No event loop: V2App's body timeout, asyncio only, is not counted.)
+        "request-v2app": lambda n: asgi(n, V2App()),
+    }
+    run: Callable[[int], None] = runs[mode]
     run(count)
 
 
@@ -286,12 +291,13 @@ def main(argv: list[str] | None = None) -> int:
         f"decode 64 x 4 KiB: binproto {ours:,.0f} instructions, tritonclient {theirs:,.0f}"
         f" ({theirs / ours:.2f}x); json.loads of the header alone {header:,.0f}"
     )
-    codec, serve, new, none_kept, asgi = (per_round(mode, args.requests) for mode in REQUEST_MODES)
+    counts = [per_round(mode, args.requests) for mode in REQUEST_MODES]
+    codec, serve, new, none_kept, asgi, v2app = counts
     print(
         f"4 KiB echo request: decode_request + encode_response {codec:,.0f} instructions;"
         f" through V2Server.serve_connection {serve:,.0f} ({new:,.0f} when each request's"
         f" head is new, {none_kept:,.0f} with remembered_heads=0); through the ASGI echo app"
-        f" {asgi:,.0f}"
+        f" {asgi:,.0f}; through V2App {v2app:,.0f}"
     )
     return 0
 

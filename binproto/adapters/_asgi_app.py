@@ -10,11 +10,10 @@ those of binproto's own servers.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import urllib.parse
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import binproto
@@ -27,7 +26,6 @@ from binproto import (
     body_claims,
 )
 from binproto._http import HeaderFields
-from binproto._util import aligned_copy
 
 from ._app import (
     _ALLOWED,
@@ -39,142 +37,27 @@ from ._app import (
     _route_of,
     echo_model,
 )
+from ._asgi_reader import AsgiBodyReader, ClientDisconnected
 from ._intake import WHOLE_BODY, BodyBudget, InferenceError, drains_for_answer
+from ._streams import seconds_or_none
 from .asgi import (
     CHUNK_SIZE,
-    BodySource,
-    ClientDisconnected,
     Message,
     Receive,
     Scope,
     Send,
     WriterResponse,
-    _Chunks,
     _encoded_headers,
     _encoded_pieces,
     _request_fields,
     _scope_fields,
     _send_pieces,
-    _thread_runner,
     error_response,
 )
 
 __all__ = ["V2App"]
 
 log = logging.getLogger("binproto.asgi")
-
-
-async def _sleep0() -> None:
-    await asyncio.sleep(0)
-
-
-class AsgiBodyReader:
-    """A request body read from an ASGI ``receive`` callable, as
-    :class:`~binproto.adapters._intake.MessageBody` reads it (a
-    :class:`~binproto.adapters._intake.BodySource`). Nothing is received
-    until a read asks for it (a client waiting on ``Expect: 100-continue``
-    is invited then, by the server)."""
-
-    budget: BodyBudget | None = None
-    claimed = 0
-
-    def __init__(self, receive: BodySource, content_length: int | None) -> None:
-        self._chunks = _Chunks(receive)
-        self._remaining = content_length
-        self._pending: Any = b""  # received, not handed out yet
-        self._received = 0  # bytes of the body received
-        self.done = content_length == 0
-        self.failed: RemoteProtocolError | None = None
-        self.to_thread: Callable[..., Awaitable[Any]] | None = _thread_runner()
-        # Under asyncio a compressed body lets other tasks run as it inflates.
-        self.checkpoint: Callable[[], Awaitable[None]] | None = (
-            _sleep0 if self.to_thread is not None else None
-        )
-
-    @property
-    def remaining(self) -> int | None:
-        """Body bytes still to come (received or not), when the length is known."""
-        return self._remaining
-
-    @property
-    def in_place(self) -> bool:
-        """Never: ASGI hands the body over in messages of its own."""
-        return False
-
-    async def prime(self) -> None:
-        """Receive the first message now: a small body all in it is then
-        decoded whole (:meth:`take_whole`)."""
-        if not self.done and not len(self._pending):
-            self._pending = await self._receive()
-
-    async def _receive(self) -> Any:
-        if self.failed is not None:
-            raise self.failed
-        try:
-            chunk = await anext(self._chunks, None)
-        except RemoteProtocolError as exc:
-            self.failed = exc
-            raise
-        if chunk is None:
-            self.done = True
-            if self._remaining:  # (the server frames bodies: only a disconnect ends one early)
-                self.failed = ClientDisconnected(
-                    f"the body ended with {self._remaining} bytes missing", offset=self._received
-                )
-                raise self.failed
-            return b""
-        self._received += len(chunk)
-        if self.budget is not None and self._remaining is None:
-            self.budget.claim(self, self._received)  # a chunked body claims bytes as they come
-        return chunk
-
-    async def read(self, max_bytes: int = 1 << 62) -> Any:
-        """The next piece of the body (at most ``max_bytes``); empty at its end."""
-        data = self._pending
-        if not len(data):
-            if self.done:
-                return b""
-            data = await self._receive()
-        if len(data) > max_bytes:
-            view = memoryview(data)
-            data, self._pending = view[:max_bytes], view[max_bytes:]
-        else:
-            self._pending = b""
-        if self._remaining is not None:
-            self._remaining -= len(data)
-        return data
-
-    async def finish(self) -> None:
-        """Read the end of the body (the parser found it complete)."""
-        if len(await self.read()):
-            raise RemoteProtocolError("unexpected additional data after the end of the message")
-
-    def take_whole(self, most: int, align_at: int) -> memoryview | None:
-        """The whole body, copied aligned, when the first message (see
-        :meth:`prime`) held all of it and it is at most ``most`` bytes."""
-        pending = self._pending
-        if self._remaining is None or self._remaining > most or len(pending) != self._remaining:
-            return None
-        self._pending = b""
-        self._remaining = 0
-        return aligned_copy(memoryview(pending), align_at)
-
-    async def read_into(self, view: memoryview) -> int:  # pragma: no cover - never in_place
-        """Not offered (see :attr:`in_place`)."""
-        raise LocalProtocolError("an ASGI body is not received in place")
-
-    async def discard(self) -> bool:
-        """Read and drop the rest of the body, up to ``DISCARD_LIMIT``
-        bytes; True when all of it was read."""
-        total = 0
-        try:
-            while len(data := await self.read()):
-                total += len(data)
-                if total > DISCARD_LIMIT:
-                    return False
-        except RemoteProtocolError:
-            return False
-        return True
 
 
 def _target(scope: Scope) -> str:
@@ -207,9 +90,10 @@ class V2App:
     (see :class:`~binproto.adapters.asgi.EncodedResponse`), compressed when
     the client accepts it, as ``V2Server`` does.
 
-    Timeouts are the ASGI server's (uvicorn: keep-alive; it has no body
-    timeout). A body that ends early, or a client that leaves, ends the
-    request without an answer.
+    Timeouts: the ASGI server's (uvicorn: keep-alive), and ``body_timeout``
+    (asyncio servers only: uvicorn, hypercorn's asyncio workers). A body
+    that ends early, or a client that leaves, ends the request without an
+    answer.
 
     Args:
         models: the models to serve (default: the built-in ``echo`` model).
@@ -222,6 +106,11 @@ class V2App:
             may hold at once (a :class:`~binproto.adapters.server.BodyBudget`),
             or None for no bound. Each process has its own app, so each
             worker of a multi-process server its own budget.
+        body_timeout: the longest wait for more of a request body, in
+            seconds (inactivity, not a deadline: a slow body that keeps
+            moving is read), as ``V2Server``'s ``Timeouts.body``. Past it the
+            request is answered 408 and the connection closed. None: no
+            bound. Checked every second (or a quarter of it, when less).
         views: send response bodies as views of the outputs' memory (no
             copy; uvicorn and hypercorn take them). False sends ``bytes``,
             as the ASGI spec says, for servers that pass messages between
@@ -238,6 +127,7 @@ class V2App:
         compression_level: int = 1,
         max_body_bytes_in_flight: int | None = None,
         views: bool = True,
+        body_timeout: float | None = 30.0,
     ) -> None:
         if models is None:
             models = [echo_model()]
@@ -251,6 +141,8 @@ class V2App:
         most = max_body_bytes_in_flight
         self._budget = BodyBudget(most) if most is not None else None
         self.views = views
+        #: The longest wait for more of a request body (seconds), or None.
+        self.body_timeout = seconds_or_none(body_timeout, "body_timeout")
 
     @property
     def body_bytes_in_flight(self) -> int:
@@ -304,7 +196,7 @@ class V2App:
         reader: AsgiBodyReader | None = None
         try:
             claims = body_claims(fields)
-            reader = AsgiBodyReader(receive, claims.content_length)
+            reader = AsgiBodyReader(receive, claims.content_length, self.body_timeout)
             length = claims.content_length
             if (
                 length is not None
@@ -419,8 +311,8 @@ async def _error(
             reader.budget = None
         expects = "expect" in _scope_fields(scope)
         remaining = reader.remaining
-        if not drains_for_answer(exc, remaining):
-            close = True
+        if not drains_for_answer(exc, remaining) or reader.stalled:
+            close = True  # (a stalled body is not waited for again)
         elif reader.failed is None and not (expects and not reader._received):
             if remaining is None or remaining <= DISCARD_LIMIT:
                 await reader.discard()

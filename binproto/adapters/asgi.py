@@ -31,7 +31,6 @@ that much extra per message.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import traceback
@@ -83,6 +82,11 @@ from binproto._util import (
 )
 from binproto._writer import response_start
 
+from ._asgi_reader import (
+    AsgiBodyReader,
+    ClientDisconnected,
+    _Chunks,
+)
 from ._intake import MessageBody
 
 if TYPE_CHECKING:
@@ -99,15 +103,6 @@ else:
         from starlette.responses import Response as _ResponseBase
     except ImportError:  # Starlette is optional: plain ASGI applications then.
         _ResponseBase = object
-
-try:
-    # What Starlette's request.stream() raises on http.disconnect.
-    from starlette.requests import ClientDisconnect as _StarletteDisconnect
-except ImportError:  # pragma: no cover - Starlette is optional
-
-    class _StarletteDisconnect(Exception):  # type: ignore[no-redef]
-        """Never raised: Starlette is not installed."""
-
 
 #: Names of the V2 application importable from here too.
 _APP_NAMES = ("InferRequest", "InferenceError", "Model", "StreamingResponse", "echo_model")
@@ -155,20 +150,6 @@ log = logging.getLogger("binproto.asgi")
 
 
 # -- reading ------------------------------------------------------------------------
-
-
-class ClientDisconnected(RemoteProtocolError):
-    """The client went away before the end of its request body.
-
-    Nobody is left to answer: an application may return any response (the
-    server drops it) or nothing. Logged once, at INFO, as a server logs a
-    lost connection; never a server fault.
-    """
-
-
-def _disconnected(received: int) -> ClientDisconnected:
-    log.info("the client disconnected after %d bytes of the request body", received)
-    return ClientDisconnected("the client disconnected before the end of the body", offset=received)
 
 
 #: Most header lists whose fields the ASGI readers keep (see _scope_fields); 0: none.
@@ -274,58 +255,6 @@ async def body_chunks(receive: Receive) -> AsyncIterator[bytes]:
         yield chunk
 
 
-class _Chunks:
-    """The body's non-empty chunks from the ASGI ``receive`` callable or an
-    async iterable of bytes; a client that leaves first is a
-    :class:`ClientDisconnected`, whichever way the source says so.
-
-    An iterator class, not an async generator: one left unfinished (a body
-    taken whole from its first message) would be closed by a task the event
-    loop starts for it, at a cost per request.
-    """
-
-    __slots__ = ("_chunks", "_done", "_receive", "_received")
-
-    def __init__(self, source: BodySource) -> None:
-        self._receive: Receive | None = None
-        self._chunks: AsyncIterator[Any] | None = None
-        if callable(source):
-            self._receive = source
-        else:
-            self._chunks = aiter(source)
-        self._received = 0
-        self._done = False
-
-    def __aiter__(self) -> _Chunks:
-        return self
-
-    async def __anext__(self) -> Any:
-        # (One coroutine a chunk: a small body's whole read is this call.)
-        while not self._done:
-            if self._receive is not None:
-                message = await self._receive()
-                kind = message.get("type")
-                if kind == "http.disconnect":
-                    raise _disconnected(self._received)
-                if kind != "http.request":
-                    continue
-                self._done = not message.get("more_body", False)
-                chunk = message.get("body", b"")
-            else:
-                assert self._chunks is not None
-                try:
-                    chunk = await anext(self._chunks)
-                except StopAsyncIteration:
-                    break
-                except _StarletteDisconnect:
-                    raise _disconnected(self._received) from None
-            if len(chunk):  # Starlette's stream() ends with b"": not the end mark.
-                self._received += len(chunk)
-                return chunk
-        self._done = True
-        raise StopAsyncIteration
-
-
 async def iter_events(
     scope: Scope,
     source: BodySource,
@@ -383,16 +312,6 @@ async def _event_batches(
         raise RemoteProtocolError("the body ended early", offset=parser.bytes_parsed)
 
 
-def _thread_runner() -> Callable[..., Awaitable[Any]] | None:
-    """``asyncio.to_thread`` under an asyncio event loop, else None (the
-    work stays on the loop of any other library)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-    return asyncio.to_thread
-
-
 async def read_request(
     scope: Scope,
     source: BodySource,
@@ -423,8 +342,6 @@ async def read_request(
     binary request's body stands for (``Inference-Header-Content-Length: 0``;
     refused without it).
     """
-    from ._asgi_app import AsgiBodyReader  # (it builds on this module)
-
     claims = binproto.body_claims(_request_fields(scope))
     check_arguments("request", claims.header_length, claims.content_length, limits, raw_input)
     # The head's claims are checked before the first receive (see iter_events).
