@@ -7,13 +7,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
+import select
+import signal
 import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import h11
+import httpx
 import numpy as np
 import pytest
 import trio
@@ -30,6 +37,7 @@ __all__ = [
     "ASYNCIO_BACKENDS",
     "BACKENDS",
     "Running",
+    "Served",
     "answering_pids",
     "as_v2app",
     "assert_served",
@@ -41,9 +49,11 @@ __all__ = [
     "read_response",
     "request_bytes",
     "running",
+    "serve_command",
     "serving",
     "serving_here",
     "until_closed",
+    "wait_ready",
 ]
 
 
@@ -325,3 +335,65 @@ def gone(pid: int) -> bool:
     except FileNotFoundError:
         return True
     return state == "Z"  # (exited, not yet reaped by its parent)
+
+
+# -- `binproto serve` as a process ------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Served:
+    """A ``binproto serve`` process: its ``Popen`` and the port it serves on."""
+
+    def __init__(self, proc: subprocess.Popen[str], port: int) -> None:
+        self.proc = proc
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+
+    def children(self) -> set[int]:
+        """The worker processes' ids."""
+        path = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        return {int(p) for p in path.read_text().split()} if path.exists() else set()
+
+
+@contextlib.contextmanager
+def serve_command(*args: str, env: dict[str, str] | None = None) -> Iterator[Served]:
+    """``python -m binproto serve *args --port 0``, ready, until the block ends;
+    then its process group is killed."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "binproto", "serve", *args, "--port", "0"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # (its own group: cleaned up whole, whatever happens)
+    )
+    try:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        assert ready, "no 'serving' line within 30 s"
+        line = proc.stdout.readline()
+        assert "serving V2 on http://127.0.0.1:" in line, line
+        port = int(line.split("127.0.0.1:")[1].split()[0].rstrip("/"))
+        served = Served(proc, port)
+        wait_ready(served)
+        yield served
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def wait_ready(served: Served) -> None:
+    """Wait up to 30 s for the served process to answer its ready check."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(served.url + "/v2/health/ready", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert served.proc.poll() is None, "the server exited"
+        assert time.monotonic() < deadline, "not ready within 30 s"
+        time.sleep(0.05)

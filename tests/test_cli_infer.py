@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,28 +14,16 @@ import pytest
 
 from binproto.cli import main
 
+from .servers import serve_command
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[str]:
     """``binproto serve`` on a free port; yields its base URL."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "binproto", "serve", "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("binproto: serving V2 on "), line
-        yield line.split(" on ", 1)[1].strip()
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with serve_command() as served:
+        yield served.url
 
 
 def _saved(tmp_path: Path, **arrays: np.ndarray[Any, Any]) -> list[str]:

@@ -4,14 +4,11 @@ the workers, SIGTERM stops them all, a worker that dies is replaced."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import select
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -20,73 +17,18 @@ import pytest
 
 import binproto
 
-from .servers import answering_pids, gone
+from .servers import answering_pids, gone, serve_command, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
 
-class Served:
-    """A ``binproto serve`` process: its ``Popen`` and the port it serves on."""
-
-    def __init__(self, proc: subprocess.Popen[str], port: int) -> None:
-        self.proc = proc
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-
-    def children(self) -> set[int]:
-        """The worker processes' ids."""
-        path = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
-        return {int(p) for p in path.read_text().split()} if path.exists() else set()
-
-
-@contextlib.contextmanager
-def serving(*args: str, env: dict[str, str] | None = None) -> Iterator[Served]:
-    """``python -m binproto serve *args --port 0`` until the block ends."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "binproto", "serve", *args, "--port", "0"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # (its own group: cleaned up whole, whatever happens)
-    )
-    try:
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], 30)
-        assert ready, "no 'serving' line within 30 s"
-        line = proc.stdout.readline()
-        assert "serving V2 on http://127.0.0.1:" in line, line
-        port = int(line.split("127.0.0.1:")[1].split()[0].rstrip("/"))
-        served = Served(proc, port)
-        _wait_ready(served)
-        yield served
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-
-
-def _wait_ready(served: Served) -> None:
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(served.url + "/v2/health/ready", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert served.proc.poll() is None, "the server exited"
-        assert time.monotonic() < deadline, "not ready within 30 s"
-        time.sleep(0.05)
-
-
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_sixteen_connections_are_answered_by_several_workers_and_sigterm_stops_all(
     backend: str,
 ) -> None:
-    with serving("tests.cli_models:MODELS", "--workers", "2", "--backend", backend) as served:
+    with serve_command("tests.cli_models:MODELS", "--workers", "2", "--backend", backend) as served:
         workers = served.children()
         assert len(workers) == 2
         pids = answering_pids(served.port, 16)
@@ -101,7 +43,7 @@ def test_sixteen_connections_are_answered_by_several_workers_and_sigterm_stops_a
 
 
 def test_a_worker_that_dies_is_replaced() -> None:
-    with serving("tests.cli_models:MODELS", "--workers", "2") as served:
+    with serve_command("tests.cli_models:MODELS", "--workers", "2") as served:
         first = served.children()
         victim = min(first)
         os.kill(victim, signal.SIGKILL)
@@ -109,7 +51,7 @@ def test_a_worker_that_dies_is_replaced() -> None:
         while len(served.children() - {victim}) < 2:
             assert time.monotonic() < deadline, "no worker started in its place"
             time.sleep(0.05)
-        _wait_ready(served)
+        wait_ready(served)
         pids = answering_pids(served.port, 16)
         assert victim not in pids and set(pids) <= served.children()
 
@@ -145,7 +87,7 @@ def test_what_is_not_models_is_one_line_and_status_2(spec: str, said: str) -> No
 def test_a_factory_of_models_is_served_and_an_unmade_output_is_400(how: tuple[str, ...]) -> None:
     if how:
         pytest.importorskip("uvicorn")
-    with serving("tests.cli_models:make_models", *how) as served:
+    with serve_command("tests.cli_models:make_models", *how) as served:
         body = binproto.encode_request({"x": np.zeros(1, np.float32)}, outputs=["z"])
         with httpx.Client(base_url=served.url, timeout=10) as client:
             r = client.post("/v2/models/pid/infer", content=bytes(body), headers=body.headers)
@@ -163,7 +105,7 @@ def test_a_factory_of_models_is_served_and_an_unmade_output_is_400(how: tuple[st
 @pytest.mark.slow
 def test_uvicorn_workers_serve_and_stop_on_sigterm() -> None:
     pytest.importorskip("uvicorn")
-    with serving("tests.cli_models:MODELS", "--uvicorn", "--workers", "2") as served:
+    with serve_command("tests.cli_models:MODELS", "--uvicorn", "--workers", "2") as served:
         deadline = time.monotonic() + 30
         while len(served.children()) < 2:
             assert time.monotonic() < deadline, "uvicorn's workers did not start"
@@ -181,7 +123,7 @@ def test_uvicorn_workers_serve_and_stop_on_sigterm() -> None:
 def test_each_worker_calls_the_factory_and_the_parent_does_not(tmp_path: Path) -> None:
     calls = tmp_path / "calls"
     env = {"BINPROTO_TEST_CALLS": str(calls)}
-    with serving("tests.cli_models:noting_models", "--workers", "2", env=env) as served:
+    with serve_command("tests.cli_models:noting_models", "--workers", "2", env=env) as served:
         workers = served.children()
         deadline = time.monotonic() + 10
         while len(calls.read_text().split()) < 2:

@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import http.client
-import os
-import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +16,7 @@ import tritonclient.http as httpclient
 import binproto
 from binproto.adapters.asyncio import Client
 
-from .servers import assert_served
+from .servers import assert_served, serve_command
 
 
 def run(coro: Any) -> Any:
@@ -42,17 +38,8 @@ def _vm(pid: int, key: str) -> int:
 
 @pytest.fixture
 def serve_process(request: pytest.FixtureRequest) -> Iterator[tuple[int, int]]:
-    args = [sys.executable, "-m", "binproto", "serve", "--port", "0", *request.param]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=dict(os.environ))
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
-        assert match, line
-        yield proc.pid, int(match.group(1))
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with serve_command(*request.param) as served:
+        yield served.proc.pid, served.port
 
 
 @pytest.mark.slow
@@ -71,25 +58,13 @@ def test_256_mib_through_the_reference_server(serve_process: tuple[int, int]) ->
 
 
 def test_serve_command_answers_health_checks() -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "binproto", "serve", "--port", "0", "--host", "127.0.0.1"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        match = re.search(r":(\d+)$", proc.stdout.readline().strip())
-        assert match
-        address = f"127.0.0.1:{match.group(1)}"
-        client = httpclient.InferenceServerClient(address, connection_timeout=30)
+    with serve_command("--host", "127.0.0.1") as served:
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{served.port}", connection_timeout=30)
         try:
             assert client.is_server_live()
             assert "binary_tensor_data" in client.get_server_metadata()["extensions"]
         finally:
             client.close()
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 @pytest.mark.parametrize(
@@ -124,24 +99,9 @@ def test_serve_command_compression_switch(
 
 
 def test_serve_command_with_the_trio_backend() -> None:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "binproto", "serve", "--backend", "trio", "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("binproto: serving V2 on http://127.0.0.1:"), line
-        served_port = int(line.rsplit(":", 1)[1].strip())
-        conn = http.client.HTTPConnection("127.0.0.1", served_port, timeout=10)
+    with serve_command("--backend", "trio") as served:
+        conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=10)
         conn.request("GET", "/v2/health/ready")
         response = conn.getresponse()
         assert response.status == 200 and response.read() == b'{"ready": true}'
         conn.close()
-    finally:
-        proc.terminate()
-        proc.wait(10)

@@ -27,17 +27,15 @@ from binproto import HeaderParsed, MessageComplete, TensorChunk, TensorComplete
 from binproto.adapters import trio as bt
 from binproto.adapters._server import (
     HEAD_READ,
-    InferenceError,
     InferRequest,
     Model,
     V2Server,
-    echo_model,
 )
 from binproto.adapters.h11 import HTTPError
 from tests.fakes import ScriptedServer, Step, ok_answer
 from tests.helpers import bytes_tensor
 from tests.interop.samples import DATATYPES, sample, utf8_bytes
-from tests.models import binary_expected, same
+from tests.models import binary_expected, same, server_models
 from tests.servers import infer_bytes
 
 MiB = 1 << 20
@@ -47,33 +45,9 @@ Array = np.ndarray[Any, Any]
 # -- models and servers -------------------------------------------------------------
 
 
-async def _fail(request: InferRequest) -> Any:
-    await request.tensors()
-    raise InferenceError("the model refuses this input", 422)
-
-
-async def _boom(request: InferRequest) -> Any:
-    raise RuntimeError("kaput")
-
-
-async def _probe(request: InferRequest) -> Any:
-    """Echo the inputs and say how many of their bytes were received in place."""
-    tensors = await request.tensors()
-    assembler = request.body.assembler
-    assert assembler is not None
-    return {**tensors, "in_place": np.array([assembler.bytes_in_place], dtype=np.int64)}
-
-
 def app() -> V2Server:
-    """A server with the echo model and models that fail, crash and probe."""
-    return V2Server(
-        models=[
-            echo_model(),
-            Model("fail", _fail),
-            Model("boom", _boom),
-            Model("probe", _probe),
-        ]
-    )
+    """A server of the models server tests call (tests/models.py)."""
+    return V2Server(models=server_models())
 
 
 def run_trio(
