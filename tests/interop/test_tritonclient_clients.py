@@ -6,8 +6,8 @@ backend: asyncio with in-place receive, asyncio streams, and trio.
 
 The adapters' own suites already drive these clients through every datatype
 (BF16, non-UTF-8 and empty BYTES), zero-size tensors, JSON and binary in both
-directions, metadata, health and errors: tests/test_asyncio.py
-(``test_tritonclient_*``) and tests/test_trio.py (``test_tritonclient_*``).
+directions, metadata, health and errors: tests/test_app_tritonclient.py
+(on every backend).
 This file covers what they leave out: the compressed requests and responses
 the real clients produce, listed outputs (subset, order, and the forms binproto
 picks for FP16/BF16/non-UTF-8 asked as JSON) on every backend with both
