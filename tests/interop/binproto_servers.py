@@ -14,7 +14,6 @@ from tests.servers import BACKENDS, running
 __all__ = ["BACKENDS", "identity_app", "running_binproto_server", "running_identity_server"]
 
 
-
 @contextlib.contextmanager
 def _served(backend: str, app: V2Server) -> Iterator[int]:
     """``app`` on ``backend`` (tests/servers.py's, or ``trio-streams``: trio
