@@ -1,9 +1,12 @@
-"""The asyncio client's connections: a request cancelled while its answer
-is awaited."""
+"""The asyncio client's connection (``ClientStream``): bytes that come while
+no read waits, reads cancelled or timed out, sends the server takes slowly
+or not at all, and a request cancelled while its answer is awaited."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import numpy as np
@@ -11,18 +14,191 @@ import pytest
 
 from binproto.adapters._server import Timeouts
 from binproto.adapters.asyncio import (
+    HIGH_WATER,
+    RECEIVE_BUFFER,
+    WRITE_PIECE,
     Client,
+    ClientStream,
     InferRequest,
     Model,
     V2Server,
     close_server,
+    connect,
     echo_model,
     start_server,
 )
 
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
-def _run(main: Any) -> Any:
-    return asyncio.run(main())
+
+def _run(main: Callable[[], Awaitable[Any]], loop_kind: str = "asyncio") -> Any:
+    """``main()`` in a new event loop: asyncio's own, or uvloop's."""
+    if loop_kind == "uvloop":
+        uvloop = pytest.importorskip("uvloop")
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    else:
+        loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
+@asynccontextmanager
+async def _raw_server(handler: Handler) -> AsyncIterator[int]:
+    """A server running ``handler`` for each connection; yields its port."""
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+
+
+async def _stream(port: int, timeout: float | None = 10) -> ClientStream:
+    stream = await connect("127.0.0.1", port, timeout=timeout)
+    assert isinstance(stream, ClientStream)
+    return stream
+
+
+PATTERN = (np.arange(3 << 20) * 7 % 251).astype(np.uint8)  # 3 MiB, no period of 2**k
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_bytes_that_come_while_no_read_waits_are_kept_in_order(loop_kind: str) -> None:
+    # The server sends 3 MiB at once. The connection keeps one buffer's
+    # worth and pauses reading; reads of both kinds then get every byte in order.
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(PATTERN.tobytes())
+        await writer.drain()
+        writer.close()
+
+    async def main() -> None:
+        async with _raw_server(handler) as port:
+            stream = await _stream(port)
+            try:
+                while not stream.is_readable() or stream._end - stream._start < RECEIVE_BUFFER:
+                    await asyncio.sleep(0.01)  # (until the buffer is full)
+                assert stream._reading_paused
+                assert len(stream._buf) == RECEIVE_BUFFER  # held to one buffer
+                got = np.zeros_like(PATTERN)
+                at, turn = 0, 0
+                while at < len(got):
+                    if turn % 2:
+                        data = await stream.receive_some(1000)
+                        got[at : at + len(data)] = np.frombuffer(data, np.uint8)
+                        n = len(data)
+                    else:
+                        n = await stream.receive_into(got.data[at : at + 300_000])
+                    assert n, f"the stream ended after {at} bytes"
+                    at, turn = at + n, turn + 1
+                assert np.array_equal(got, PATTERN)
+                assert await stream.receive_some(10) == b""
+                assert await stream.receive_into(memoryview(bytearray(10))) == 0
+            finally:
+                await stream.aclose()
+
+    _run(main, loop_kind)
+
+
+def test_a_cancelled_receive_puts_no_later_bytes_in_its_buffer() -> None:
+    go = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await go.wait()
+        writer.write(b"abc")
+        await writer.drain()
+        await reader.read()  # (until the client closes)
+
+    async def main() -> None:
+        async with _raw_server(handler) as port:
+            stream = await _stream(port)
+            try:
+                target = np.zeros(8, np.uint8)
+                task = asyncio.create_task(stream.receive_into(target.data))
+                await asyncio.sleep(0.05)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                go.set()
+                assert await stream.receive_some(10) == b"abc"
+                assert not target.any()
+            finally:
+                await stream.aclose()
+
+    _run(main)
+
+
+def test_a_silent_server_times_a_receive_out_each_time() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+
+    async def main() -> None:
+        async with _raw_server(handler) as port:
+            stream = await _stream(port, timeout=0.2)
+            try:
+                for _ in range(2):  # (the connection's one timer is armed again)
+                    with pytest.raises(TimeoutError, match=r"no bytes from the peer within 0\.2 s"):
+                        await stream.receive_some(10)
+                stream.timeout = None
+                assert not stream.is_readable()
+            finally:
+                await stream.aclose()
+
+    _run(main)
+
+
+def test_a_send_the_server_does_not_take_times_out_holding_little() -> None:
+    # The server never reads: the kernel's buffers fill, then the transport's,
+    # up to a piece past its high-water mark, and the send times out.
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(30)
+
+    async def main() -> None:
+        async with _raw_server(handler) as port:
+            stream = await _stream(port, timeout=0.3)
+            assert stream.transport is not None
+            held = [0]
+            try:
+                big = np.ones(64 << 20, np.uint8)
+                send = asyncio.create_task(stream.send_all([b"head", big]))
+                while not send.done():
+                    held.append(stream.transport.get_write_buffer_size())
+                    await asyncio.sleep(0.01)
+                with pytest.raises(TimeoutError, match="no room to write from the peer"):
+                    await send
+                assert stream.is_readable()  # (aborted: not to be used again)
+            finally:
+                await stream.aclose()
+            assert 0 < max(held) <= HIGH_WATER + WRITE_PIECE
+
+    _run(main)
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_a_send_of_small_and_big_buffers_arrives_whole_and_in_order(loop_kind: str) -> None:
+    big = (np.arange(6 << 20, dtype=np.uint32) * 2654435761).astype(np.uint32)  # 24 MiB
+    parts: list[Any] = [b"head ", big, b" middle ", PATTERN.data, b" end"]
+    expected = b"".join(bytes(memoryview(p).cast("B")) for p in parts)
+    received: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(0.1)  # (the client's send fills the kernel's buffers first)
+        received.append(await reader.readexactly(len(expected)))
+        writer.write(b"ok")
+        await writer.drain()
+        writer.close()
+
+    async def main() -> None:
+        async with _raw_server(handler) as port:
+            stream = await _stream(port)
+            try:
+                await stream.send_all(parts)
+                assert await stream.receive_some(10) == b"ok"
+            finally:
+                await stream.aclose()
+
+    _run(main, loop_kind)
+    assert received == [expected]
 
 
 class _Counting(V2Server):
