@@ -5,8 +5,13 @@ or not at all, and a request cancelled while its answer is awaited."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -244,3 +249,59 @@ def test_a_request_cancelled_while_its_answer_is_awaited_gives_its_connection_ba
 
     _run(main)
     assert server.connections == 2
+
+
+def _anonymous_memory() -> int:
+    """This process's resident anonymous memory, in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    raise KeyError("RssAnon")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
+def test_a_big_echo_between_memory_maps_holds_little_memory(tmp_path: Path) -> None:
+    # 256 MiB from a memory-mapped file to another, through `binproto serve`
+    # in its own process: sent from the map and received into the other,
+    # the client's anonymous memory grows by at most a few transport pieces.
+    n = (256 << 20) // 4
+    x = np.memmap(tmp_path / "in.bin", np.float32, mode="w+", shape=(n,))
+    x[::1024] = np.arange(n // 1024, dtype=np.float32)
+    out = np.memmap(tmp_path / "out.bin", np.float32, mode="w+", shape=(n,))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "binproto", "serve", "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.005):
+            peak[0] = max(peak[0], _anonymous_memory())
+
+    async def main(url: str) -> None:
+        async with Client(url, timeout=60) as c:
+            await c.infer("echo", {"x": x}, destinations={"x": out})
+
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("binproto: serving V2 on "), line
+        before = _anonymous_memory()
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        try:
+            _run(lambda: main(line.split(" on ", 1)[1].strip()))
+        finally:
+            done.set()
+            sampler.join()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert np.array_equal(out[::1024], x[::1024]) and not out[1:1024].any()
+    assert peak[0] - before < 64 << 20
