@@ -219,6 +219,71 @@ class StreamsStream(_WorkerThreads):
         return bool(held) or reader.at_eof() or self._writer.is_closing()
 
 
+class _WaitTimer:
+    """One timer for a connection's waits, each bounded by a timeout.
+
+    A keep-alive connection waits a few times per request. Instead of a
+    timer made and cancelled per wait (two operations on the event loop's
+    timer heap), one timer stays armed at or before the running wait's
+    deadline. When it fires, it fails the wait whose deadline has passed,
+    moves to the deadline of the wait under way, or lapses if none waits.
+    """
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._handle: asyncio.TimerHandle | None = None
+        self._at = 0.0  # when the handle fires
+        self._waiter: asyncio.Future[None] | None = None
+        self._deadline = 0.0
+        self._timeout = 0.0
+        self._what = ""
+
+    def start(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        waiter: asyncio.Future[None],
+        timeout: float,
+        what: str,
+    ) -> None:
+        """Fail ``waiter`` with the built-in TimeoutError if it waits for
+        ``what`` longer than ``timeout`` seconds (until :meth:`stop`)."""
+        self._loop = loop
+        self._waiter, self._timeout, self._what = waiter, timeout, what
+        self._deadline = deadline = loop.time() + timeout
+        if self._handle is None or deadline < self._at:
+            self._arm(deadline)
+
+    def stop(self) -> None:
+        """The wait is over (the timer stays armed for the next one)."""
+        self._waiter = None
+
+    def cancel(self) -> None:
+        """The connection is gone: no timer is left behind."""
+        self._waiter = None
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _arm(self, at: float) -> None:
+        assert self._loop is not None
+        if self._handle is not None:
+            self._handle.cancel()
+        self._handle = self._loop.call_at(at, self._fire)
+        self._at = at
+
+    def _fire(self) -> None:
+        self._handle = None
+        waiter = self._waiter
+        if waiter is None or waiter.done() or self._loop is None:
+            return
+        if self._loop.time() >= self._deadline:
+            waiter.set_exception(
+                TimeoutError(f"no {self._what} from the peer within {self._timeout} s")
+            )
+        else:
+            self._arm(self._deadline)
+
+
 #: Most receive buffers a server keeps between requests for its
 #: connections' next request heads (see :class:`_ReceiveBuffers`): of
 #: :data:`~binproto.adapters._server.HEAD_READ` bytes each, 4.5 MiB in all.
@@ -305,13 +370,7 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
         # The kept buffer the last read went into, until given back or the next read.
         self._lent: bytearray | None = None
         self._waiter: asyncio.Future[None] | None = None
-        # The waiting read's deadline (loop time) and its timeout in seconds;
-        # one timer per connection, armed at or before the deadline and moved
-        # only when it fires (see _wait_for_bytes).
-        self._deadline: float | None = None
-        self._timeout_s = 0.0
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = 0.0
+        self._timer = _WaitTimer()  # bounds the waiting read
         self._received = 0  # bytes the last read put into _target
         self._leftover = _EMPTY  # bytes received with no _target to put them in
         self._eof = False
@@ -390,9 +449,7 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
         return True  # keep the transport open: we may still answer
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._timer.cancel()
         self._eof = True
         self._target = None
         self._wake()
@@ -419,13 +476,9 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
 
     async def _wait_for_bytes(self, target: memoryview | None, timeout: float | None) -> None:
         """Wait until a read put bytes in ``target`` (or, with None, in the
-        leftover), or the stream ended; TimeoutError after ``timeout`` seconds.
-
-        A keep-alive connection waits once or twice per request: instead of a
-        timer made and cancelled per wait (two operations on the event loop's
-        timer heap), the connection's one timer stays armed and, when it
-        fires, is moved to the deadline of the wait then under way, if any."""
-        transport, loop = self.transport, self._loop
+        leftover), or the stream ended; TimeoutError after ``timeout`` seconds
+        (see :class:`_WaitTimer`)."""
+        transport, loop, timer = self.transport, self._loop, self._timer
         assert transport is not None and loop is not None
         # A buffer made for a read that found nothing (uvloop asks for one
         # whenever a read filled the last): not kept while this one waits.
@@ -440,14 +493,11 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
         self._waiter = waiter = loop.create_future()
         transport.resume_reading()  # (a no-op unless bytes nobody asked for paused it)
         if timeout is not None:
-            self._deadline = deadline = loop.time() + timeout
-            self._timeout_s = timeout
-            if self._timer is None or deadline < self._timer_at:
-                self._arm(deadline)
+            timer.start(loop, waiter, timeout, "bytes")
         try:
             await waiter
         finally:
-            self._deadline = None
+            timer.stop()
             if self._waiter is waiter:  # timed out or cancelled: nobody waits any more
                 self._waiter = None
                 self._target = None
@@ -507,26 +557,6 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
     async def wait_closed(self) -> None:
         if self._closed is not None:
             await self._closed
-
-    def _arm(self, at: float) -> None:
-        assert self._loop is not None
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = self._loop.call_at(at, self._on_timer)
-        self._timer_at = at
-
-    def _on_timer(self) -> None:
-        """The connection's timer fired: time out the waiting read if its
-        deadline has passed, else wait on for it (no wait: the timer lapses)."""
-        self._timer = None
-        deadline, waiter = self._deadline, self._waiter
-        if deadline is None or waiter is None or waiter.done():
-            return
-        assert self._loop is not None
-        if self._loop.time() >= deadline:
-            waiter.set_exception(TimeoutError(f"no bytes from the peer within {self._timeout_s} s"))
-        else:
-            self._arm(deadline)
 
 
 async def _write_all(
@@ -663,12 +693,7 @@ class ClientStream(_WorkerThreads, asyncio.BufferedProtocol):
         self._reading_paused = False
         self._writing_paused = False
         self._closed: asyncio.Future[None] | None = None
-        # The waiting call's deadline (loop time) and timeout; the timer is
-        # armed at or before the deadline (see _wait).
-        self._deadline: float | None = None
-        self._timeout_s = 0.0
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = 0.0
+        self._timer = _WaitTimer()  # bounds the waiting call
 
     # -- protocol callbacks ------------------------------------------------------
 
@@ -720,9 +745,7 @@ class ClientStream(_WorkerThreads, asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._eof = True
         self._target = None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._timer.cancel()
         self._wake()
         if self._closed is not None and not self._closed.done():
             self._closed.set_result(None)
@@ -744,52 +767,23 @@ class ClientStream(_WorkerThreads, asyncio.BufferedProtocol):
     async def _wait(self, what: str, target: memoryview | None = None) -> None:
         """Wait for the event loop's news for a call waiting for ``what``
         (bytes, put in ``target`` when given; or room to write); the
-        built-in TimeoutError after ``timeout`` seconds.
-
-        A connection waits a few times per request: instead of a timer made
-        and cancelled for each wait, its one timer stays armed and, when it
-        fires, is moved to the deadline of the wait then under way, if any."""
-        transport, loop = self.transport, self._loop
+        built-in TimeoutError after ``timeout`` seconds (see :class:`_WaitTimer`)."""
+        transport, loop, timer = self.transport, self._loop, self._timer
         assert transport is not None and loop is not None
         if self._reading_paused and what == _BYTES:
             self._reading_paused = False
             transport.resume_reading()
         self._target, self._received, self._waiting_for = target, 0, what
         self._waiter = waiter = loop.create_future()
-        timeout = self.timeout
-        if timeout is not None:
-            self._deadline = deadline = loop.time() + timeout
-            self._timeout_s = timeout
-            if self._timer is None or deadline < self._timer_at:
-                self._arm(deadline)
+        if self.timeout is not None:
+            timer.start(loop, waiter, self.timeout, what)
         try:
             await waiter
         finally:
             # (Cancelled or timed out, no later bytes may go to the target.)
-            self._waiter = self._target = self._deadline = None
+            timer.stop()
+            self._waiter = self._target = None
             self._waiting_for = ""
-
-    def _arm(self, at: float) -> None:
-        assert self._loop is not None
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = self._loop.call_at(at, self._on_timer)
-        self._timer_at = at
-
-    def _on_timer(self) -> None:
-        """Time out the waiting call if its deadline has passed, else wait
-        on for it (no call waits: the timer lapses)."""
-        self._timer = None
-        deadline, waiter = self._deadline, self._waiter
-        if deadline is None or waiter is None or waiter.done():
-            return
-        assert self._loop is not None
-        if self._loop.time() >= deadline:
-            waiter.set_exception(
-                TimeoutError(f"no {self._waiting_for} from the peer within {self._timeout_s} s")
-            )
-        else:
-            self._arm(deadline)
 
     def _ended(self) -> bool:
         return self._eof or self.transport is None or self.transport.is_closing()
