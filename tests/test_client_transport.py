@@ -5,7 +5,9 @@ or not at all, and a request cancelled while its answer is awaited."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import ssl
 import subprocess
 import sys
 import threading
@@ -17,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import binproto
 from binproto.adapters._server import Timeouts
 from binproto.adapters.asyncio import (
     HIGH_WATER,
@@ -305,3 +308,59 @@ def test_a_big_echo_between_memory_maps_holds_little_memory(tmp_path: Path) -> N
         proc.wait(10)
     assert np.array_equal(out[::1024], x[::1024]) and not out[1:1024].any()
     assert peak[0] - before < 64 << 20
+
+
+def _tls_contexts(tmp_path: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """A server and a client context for a self-signed 127.0.0.1 certificate."""
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
+         "-out", cert, "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(cert, key)
+    return server, ssl.create_default_context(cafile=str(cert))
+
+
+def test_over_tls_tensors_are_received_in_place_and_a_close_is_quiet(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The server answers 4 MiB and closes: the answer is received through
+    # TLS into the destination array, and the close draws no warning.
+    server_ctx, client_ctx = _tls_contexts(tmp_path)
+    x = np.arange(1 << 20, dtype=np.float32)
+    body = binproto.encode_response({"x": x}, model_name="m")
+    head = (
+        f"HTTP/1.1 200 OK\r\nContent-Length: {len(bytes(body))}\r\n"
+        f"Inference-Header-Content-Length: {body.header_length}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = await reader.readuntil(b"\r\n\r\n")
+        length = int(request.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+        writer.write(head + bytes(body))
+        await writer.drain()
+        writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(handler, "127.0.0.1", 0, ssl=server_ctx)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            async with Client(f"https://127.0.0.1:{port}", ssl=client_ctx, timeout=10) as c:
+                out = np.zeros_like(x)
+                got = await c.infer("m", {"x": x[:4]}, destinations={"x": out})
+                assert got["x"] is out
+                assert np.array_equal(out, x)
+                await asyncio.sleep(0.1)  # (the server's close arrives)
+                assert c.open_connections == 0
+        finally:
+            server.close()
+
+    with caplog.at_level(logging.WARNING, logger="asyncio"):
+        _run(main)
+    assert not [r for r in caplog.records if r.name == "asyncio"]

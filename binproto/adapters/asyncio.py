@@ -740,7 +740,10 @@ class ClientStream(_WorkerThreads, asyncio.BufferedProtocol):
     def eof_received(self) -> bool:
         self._eof = True
         self._wake()
-        return True  # (the client closes it: a request may still be going out)
+        # The transport closes: a server that ended its side serves no more
+        # requests, and what it sent stays here to be read. (True would
+        # also draw a warning from a TLS transport.)
+        return False
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._eof = True
