@@ -625,7 +625,7 @@ def test_streams_declare_what_they_offer_beyond_a_byte_stream() -> None:
     import socket as _socket
 
     from binproto.adapters import _server
-    from binproto.adapters.asyncio import SocketStream, StreamsStream
+    from binproto.adapters.asyncio import ClientStream, StreamsStream
 
     class Minimal:  # just a ByteStream
         timeout: float | None = None
@@ -641,7 +641,7 @@ def test_streams_declare_what_they_offer_beyond_a_byte_stream() -> None:
 
     a, b = _socket.socketpair()
     try:
-        sock_stream = SocketStream(a)
+        sock_stream = ClientStream(sock=a)
         in_place: _server.ReceivesInto = sock_stream  # checked by mypy too
         threads: _server.RunsInThreads = sock_stream
         assert in_place is threads  # type: ignore[comparison-overlap]

@@ -766,11 +766,13 @@ class ClientCore:
                     except ConnectionError as exc:
                         await self._raise_early_answer(conn, exc)
                     response = await self._head(conn)
-                except Exception as exc:
+                except BaseException as exc:
+                    # (Cancelled too: a connection left mid-request is closed.)
                     if conn is not None:
                         await self._release(conn, keep=False)
                     if (
-                        generation == self._generation
+                        isinstance(exc, Exception)
+                        and generation == self._generation
                         and _lost(exc)
                         and not (conn is not None and conn.received)
                     ):
@@ -778,7 +780,11 @@ class ClientCore:
                     raise
                 if response.status_code in RETRY_STATUSES and attempt < policy.attempts:
                     # Read the refusal whole: the connection then carries the retry.
-                    data, fault = await self._read_small(conn)
+                    try:
+                        data, fault = await self._read_small(conn)
+                    except BaseException:
+                        await self._release(conn, keep=False)
+                        raise
                     if fault is None:
                         self._next_cycle(conn)
                     await self._release(conn, keep=fault is None)

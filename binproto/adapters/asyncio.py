@@ -11,10 +11,9 @@ Ways to move bytes, each adapted to the backend-independent core in
   tensor's destination array while a binary tensor of a ``Content-Length``
   body is being received. Reading is paused whenever nobody waits for bytes,
   so the socket is read only as fast as the consumer takes events;
-* the client's default, a plain non-blocking socket driven by
-  ``loop.sock_recv_into`` / ``loop.sock_sendall`` (:class:`SocketStream`):
-  responses are received in place the same way, and requests are sent from
-  the caller's arrays with no transport buffer in between.
+* the client's default, an :class:`asyncio.BufferedProtocol` too
+  (:class:`ClientStream`, over TCP or TLS): responses are received in place
+  the same way, and requests are sent from the caller's arrays.
 
 Sending never joins buffers. Through a transport (the server), each buffer is
 written in pieces of at most 1 MiB, waiting for the transport to drain between
@@ -76,6 +75,7 @@ __all__ = [
     "BufferedStream",
     "Client",
     "ClientCore",
+    "ClientStream",
     "InferRequest",
     "InferenceError",
     "Model",
@@ -83,7 +83,6 @@ __all__ = [
     "ResponseStream",
     "Retry",
     "ServerMetadata",
-    "SocketStream",
     "StreamingResponse",
     "StreamsStream",
     "TensorMetadata",
@@ -186,7 +185,7 @@ class StreamsStream(_WorkerThreads):
 
     async def receive_some(self, max_bytes: int) -> bytes:
         """Up to ``max_bytes`` bytes; ``b""`` at end of stream (a reset ends
-        it too, as for :class:`SocketStream`: what is missing says the rest)."""
+        it too, as for :class:`ClientStream`: what is missing says the rest)."""
         try:
             return await _within(self._reader.read(max_bytes), self.timeout)
         except ConnectionResetError:
@@ -218,6 +217,71 @@ class StreamsStream(_WorkerThreads):
         reader = self._reader
         held = reader._buffer  # type: ignore[attr-defined]
         return bool(held) or reader.at_eof() or self._writer.is_closing()
+
+
+class _WaitTimer:
+    """One timer for a connection's waits, each bounded by a timeout.
+
+    A keep-alive connection waits a few times per request. Instead of a
+    timer made and cancelled per wait (two operations on the event loop's
+    timer heap), one timer stays armed at or before the running wait's
+    deadline. When it fires, it fails the wait whose deadline has passed,
+    moves to the deadline of the wait under way, or lapses if none waits.
+    """
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._handle: asyncio.TimerHandle | None = None
+        self._at = 0.0  # when the handle fires
+        self._waiter: asyncio.Future[None] | None = None
+        self._deadline = 0.0
+        self._timeout = 0.0
+        self._what = ""
+
+    def start(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        waiter: asyncio.Future[None],
+        timeout: float,
+        what: str,
+    ) -> None:
+        """Fail ``waiter`` with the built-in TimeoutError if it waits for
+        ``what`` longer than ``timeout`` seconds (until :meth:`stop`)."""
+        self._loop = loop
+        self._waiter, self._timeout, self._what = waiter, timeout, what
+        self._deadline = deadline = loop.time() + timeout
+        if self._handle is None or deadline < self._at:
+            self._arm(deadline)
+
+    def stop(self) -> None:
+        """The wait is over (the timer stays armed for the next one)."""
+        self._waiter = None
+
+    def cancel(self) -> None:
+        """The connection is gone: no timer is left behind."""
+        self._waiter = None
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _arm(self, at: float) -> None:
+        assert self._loop is not None
+        if self._handle is not None:
+            self._handle.cancel()
+        self._handle = self._loop.call_at(at, self._fire)
+        self._at = at
+
+    def _fire(self) -> None:
+        self._handle = None
+        waiter = self._waiter
+        if waiter is None or waiter.done() or self._loop is None:
+            return
+        if self._loop.time() >= self._deadline:
+            waiter.set_exception(
+                TimeoutError(f"no {self._what} from the peer within {self._timeout} s")
+            )
+        else:
+            self._arm(self._deadline)
 
 
 #: Most receive buffers a server keeps between requests for its
@@ -306,13 +370,7 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
         # The kept buffer the last read went into, until given back or the next read.
         self._lent: bytearray | None = None
         self._waiter: asyncio.Future[None] | None = None
-        # The waiting read's deadline (loop time) and its timeout in seconds;
-        # one timer per connection, armed at or before the deadline and moved
-        # only when it fires (see _wait_for_bytes).
-        self._deadline: float | None = None
-        self._timeout_s = 0.0
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = 0.0
+        self._timer = _WaitTimer()  # bounds the waiting read
         self._received = 0  # bytes the last read put into _target
         self._leftover = _EMPTY  # bytes received with no _target to put them in
         self._eof = False
@@ -391,9 +449,7 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
         return True  # keep the transport open: we may still answer
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._timer.cancel()
         self._eof = True
         self._target = None
         self._wake()
@@ -420,13 +476,9 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
 
     async def _wait_for_bytes(self, target: memoryview | None, timeout: float | None) -> None:
         """Wait until a read put bytes in ``target`` (or, with None, in the
-        leftover), or the stream ended; TimeoutError after ``timeout`` seconds.
-
-        A keep-alive connection waits once or twice per request: instead of a
-        timer made and cancelled per wait (two operations on the event loop's
-        timer heap), the connection's one timer stays armed and, when it
-        fires, is moved to the deadline of the wait then under way, if any."""
-        transport, loop = self.transport, self._loop
+        leftover), or the stream ended; TimeoutError after ``timeout`` seconds
+        (see :class:`_WaitTimer`)."""
+        transport, loop, timer = self.transport, self._loop, self._timer
         assert transport is not None and loop is not None
         # A buffer made for a read that found nothing (uvloop asks for one
         # whenever a read filled the last): not kept while this one waits.
@@ -441,14 +493,11 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
         self._waiter = waiter = loop.create_future()
         transport.resume_reading()  # (a no-op unless bytes nobody asked for paused it)
         if timeout is not None:
-            self._deadline = deadline = loop.time() + timeout
-            self._timeout_s = timeout
-            if self._timer is None or deadline < self._timer_at:
-                self._arm(deadline)
+            timer.start(loop, waiter, timeout, "bytes")
         try:
             await waiter
         finally:
-            self._deadline = None
+            timer.stop()
             if self._waiter is waiter:  # timed out or cancelled: nobody waits any more
                 self._waiter = None
                 self._target = None
@@ -508,41 +557,6 @@ class _ReceiveProtocol(asyncio.BufferedProtocol):
     async def wait_closed(self) -> None:
         if self._closed is not None:
             await self._closed
-
-    def _arm(self, at: float) -> None:
-        assert self._loop is not None
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = self._loop.call_at(at, self._on_timer)
-        self._timer_at = at
-
-    def _on_timer(self) -> None:
-        """The connection's timer fired: time out the waiting read if its
-        deadline has passed, else wait on for it (no wait: the timer lapses)."""
-        self._timer = None
-        deadline, waiter = self._deadline, self._waiter
-        if deadline is None or waiter is None or waiter.done():
-            return
-        assert self._loop is not None
-        if self._loop.time() >= deadline:
-            waiter.set_exception(TimeoutError(f"no bytes from the peer within {self._timeout_s} s"))
-        else:
-            self._arm(deadline)
-
-
-class _ReceiveInto(_WorkerThreads):
-    """``receive_some`` for streams whose primitive is ``receive_into``."""
-
-    async def receive_into(self, view: memoryview) -> int:
-        raise NotImplementedError
-
-    async def receive_some(self, max_bytes: int) -> bytes:
-        """Up to ``max_bytes`` bytes; ``b""`` at end of stream."""
-        buf = bytearray(max_bytes)
-        n = await self.receive_into(memoryview(buf))
-        # A copy of what came, not a resize of buf: a view of it can outlive
-        # the receive (a swallowed reset's traceback keeps the frame).
-        return bytes(memoryview(buf)[:n])
 
 
 async def _write_all(
@@ -631,111 +645,240 @@ def _after(views: list[memoryview], sent: int) -> list[memoryview]:
     return []
 
 
-class SocketStream(_ReceiveInto):
-    """A :class:`~binproto.adapters._server.ByteStream` over a plain non-blocking
-    socket, with ``receive_into``: the event loop's ``sock_recv_into`` and
-    ``sock_sendall`` move bytes between the kernel and the caller's buffers
-    with no transport buffer in between, in either direction."""
+#: Bytes a client connection holds of what came before a read took it: an
+#: answer's head and a small body, taken in one read.
+RECEIVE_BUFFER = 1 << 16
 
-    def __init__(self, sock: socket.socket, timeout: float | None = None) -> None:
-        sock.setblocking(False)
-        self._sock = sock
+#: Most bytes of one buffer handed to a transport at a time: before Python
+#: 3.12 a transport copies what the kernel did not take at once.
+WRITE_PIECE = 1 << 20
+
+_BYTES = "bytes"  # what a receive waits for
+
+
+class ClientStream(_WorkerThreads, asyncio.BufferedProtocol):
+    """The asyncio client's connection, over TCP or TLS: the protocol the
+    event loop feeds, and the :class:`~binproto.adapters._server.ByteStream`
+    the client reads and writes.
+
+    The socket stays registered with the event loop while the connection
+    lives: waiting for an answer costs a future, and no system call. The
+    loop receives into the buffer of the read that waits (``receive_into``:
+    a tensor's bytes land in their array), else into the connection's own
+    buffer of :data:`RECEIVE_BUFFER` bytes. Reading pauses only when that
+    buffer is full. Each wait for the server is bounded by ``timeout``
+    seconds, with one timer per connection that moves only when it fires.
+
+    Requests go out from the caller's buffers. Over TCP, one ``sendmsg``
+    sends what the kernel takes at once; the rest goes through the
+    transport in pieces of at most :data:`WRITE_PIECE` bytes, waiting for
+    the server to take them. ``sock`` is the transport's socket, sent on
+    directly only while nothing waits in the transport (None over TLS).
+    """
+
+    def __init__(self, timeout: float | None = None, sock: socket.socket | None = None) -> None:
         self.timeout = timeout
-        self._waits = 0  # receives and sends under way (another task's, at a close)
-        self._closing = False
+        self._sock = sock if _SENDMSG else None
+        self.transport: asyncio.Transport | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._buf = bytearray(RECEIVE_BUFFER)
+        self._view = memoryview(self._buf)
+        self._start = 0  # what came and no read took yet: _buf[_start:_end]
+        self._end = 0
+        self._target: memoryview | None = None  # the waiting receive_into's memory
+        self._received = 0  # bytes the loop put in _target
+        self._waiter: asyncio.Future[None] | None = None
+        self._waiting_for = ""  # _BYTES or _TAKE, while _waiter waits
+        self._eof = False
+        self._reading_paused = False
+        self._writing_paused = False
+        self._closed: asyncio.Future[None] | None = None
+        self._timer = _WaitTimer()  # bounds the waiting call
+
+    # -- protocol callbacks ------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # (uvloop's transports are no asyncio.Transport subclasses: a cast)
+        self.transport = cast(asyncio.Transport, transport)
+        self._loop = loop = asyncio.get_running_loop()
+        self._closed = loop.create_future()
+        self.transport.set_write_buffer_limits(HIGH_WATER)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._target is not None:
+            return self._target
+        start, end = self._start, self._end
+        if start == end:
+            self._start = self._end = end = 0
+        elif end == len(self._buf):
+            # No room after what is held: it moves to the front. A full
+            # buffer grows, for a transport that still delivers once
+            # reading is paused (TLS before Python 3.11 does).
+            held = bytes(self._view[start:end])
+            if start == 0:
+                self._buf = bytearray(2 * len(self._buf))
+                self._view = memoryview(self._buf)
+            end = len(held)
+            self._view[:end] = held
+            self._start, self._end = 0, end
+        return self._view[end:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._target is not None:
+            self._target = None
+            self._received = nbytes
+        else:
+            self._end += nbytes
+            if self._end - self._start == len(self._buf):
+                # Full: the rest waits in the kernel until a read takes these.
+                assert self.transport is not None
+                self.transport.pause_reading()
+                self._reading_paused = True
+        if self._waiting_for == _BYTES:
+            self._wake()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        self._wake()
+        # The transport closes: a server that ended its side serves no more
+        # requests, and what it sent stays here to be read. (True would
+        # also draw a warning from a TLS transport.)
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._eof = True
+        self._target = None
+        self._timer.cancel()
+        self._wake()
+        if self._closed is not None and not self._closed.done():
+            self._closed.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        if self._waiting_for == _TAKE:
+            self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        self._waiter = None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait(self, what: str, target: memoryview | None = None) -> None:
+        """Wait for the event loop's news for a call waiting for ``what``
+        (bytes, put in ``target`` when given; or room to write); the
+        built-in TimeoutError after ``timeout`` seconds (see :class:`_WaitTimer`)."""
+        transport, loop, timer = self.transport, self._loop, self._timer
+        assert transport is not None and loop is not None
+        if self._reading_paused and what == _BYTES:
+            self._reading_paused = False
+            transport.resume_reading()
+        self._target, self._received, self._waiting_for = target, 0, what
+        self._waiter = waiter = loop.create_future()
+        if self.timeout is not None:
+            timer.start(loop, waiter, self.timeout, what)
+        try:
+            await waiter
+        finally:
+            # (Cancelled or timed out, no later bytes may go to the target.)
+            timer.stop()
+            self._waiter = self._target = None
+            self._waiting_for = ""
+
+    def _ended(self) -> bool:
+        return self._eof or self.transport is None or self.transport.is_closing()
+
+    # -- the ByteStream ------------------------------------------------------------
 
     async def receive_into(self, view: memoryview) -> int:
-        """Receive up to ``len(view)`` bytes into ``view``; 0 at end of stream."""
-        if not self._closing:
-            # Bytes already there are taken at once: no future, no timer.
-            try:
-                return self._sock.recv_into(view)
-            except BlockingIOError:
-                pass
-            except ConnectionResetError:
-                return 0
-        loop = asyncio.get_running_loop()
-        self._waits += 1
-        try:
-            return await _within(loop.sock_recv_into(self._sock, view), self.timeout)
-        except ConnectionResetError:
+        """Receive up to ``len(view)`` bytes into ``view``; 0 at end of
+        stream (a reset ends it too: what is missing says the rest)."""
+        if not len(view):
             return 0
-        finally:
-            self._waited()
+        while True:
+            held = self._end - self._start
+            if held:
+                n = min(len(view), held)
+                view[:n] = self._view[self._start : self._start + n]
+                self._start += n
+                return n
+            if self._ended():
+                return 0
+            await self._wait(_BYTES, view)
+            if self._received:
+                return self._received
 
     async def receive_some(self, max_bytes: int) -> bytes:
-        """Up to ``max_bytes`` bytes; ``b""`` at end of stream (a reset too)."""
-        if not self._closing:
-            try:
-                return self._sock.recv(max_bytes)  # (what is there: no wait)
-            except BlockingIOError:
-                pass
-            except ConnectionResetError:
+        """Up to ``max_bytes`` bytes; ``b""`` at end of stream."""
+        while self._start == self._end:
+            if self._ended():
                 return b""
-        loop = asyncio.get_running_loop()
-        self._waits += 1
-        try:
-            return await _within(loop.sock_recv(self._sock, max_bytes), self.timeout)
-        except ConnectionResetError:
-            return b""
-        finally:
-            self._waited()
+            await self._wait(_BYTES)
+        start = self._start
+        end = min(self._end, start + max_bytes)
+        self._start = end
+        return bytes(self._view[start:end])
 
     async def send_all(self, buffers: Sequence[Any]) -> None:
-        """Send the buffers in order, from the caller's memory (never joined or
-        copied): as many as the kernel takes in one ``sendmsg`` at once, the
-        rest waiting for room. On loopback each send runs the peer's receive
-        path too, so one call for a small request's head, JSON and tensor
-        costs a third of three."""
+        """Send the buffers in order, from the caller's memory (never joined):
+        over TCP, what the kernel takes in one ``sendmsg`` at once (on
+        loopback each send runs the peer's receive path too), the rest in
+        pieces through the transport."""
+        transport = self.transport
+        assert transport is not None
+        if transport.is_closing():
+            raise ConnectionResetError("the connection is closed")
         sent = 0
-        if not self._closing and _SENDMSG and len(buffers) <= _IOV_MAX:
+        sock = self._sock
+        if sock is not None and len(buffers) <= _IOV_MAX and not transport.get_write_buffer_size():
             try:
-                sent = self._sock.sendmsg(buffers)
+                sent = sock.sendmsg(buffers)
             except BlockingIOError:
                 pass
             if sent == sum(map(_nbytes, buffers)):
                 return  # (the common case: no view made)
         pending = _after([memoryview(b).cast("B") for b in buffers if _nbytes(b)], sent)
-        loop = asyncio.get_running_loop()
-        self._waits += 1
         try:
-            for buf in pending:
-                await _within(loop.sock_sendall(self._sock, buf), self.timeout, _TAKE)
-        finally:
-            self._waited()
+            for view in pending:
+                for at in range(0, len(view), WRITE_PIECE):
+                    while self._writing_paused and not transport.is_closing():
+                        await self._wait(_TAKE)
+                    if transport.is_closing():
+                        raise ConnectionResetError("the connection is closed")
+                    transport.write(view[at : at + WRITE_PIECE])
+        except TimeoutError:
+            # The server stopped reading: what is buffered would never go.
+            transport.abort()
+            raise
 
     async def send_eof(self) -> None:
-        """End the sending side; receiving goes on."""
-        self._sock.shutdown(socket.SHUT_WR)
+        """End the sending side (when the transport can: not over TLS)."""
+        transport = self.transport
+        if transport is not None and transport.can_write_eof():
+            transport.write_eof()
 
     async def aclose(self) -> None:
-        """Close the connection. A receive or send another task waits in ends
-        first (the socket is shut down: the event loop wakes it), then the
-        socket closes: closed under it, the wait would never end, and the
-        event loop would keep watching a descriptor a new socket may reuse."""
-        if self._waits:
-            self._closing = True
-            with contextlib.suppress(OSError):
-                self._sock.shutdown(socket.SHUT_RDWR)
-        else:
-            self._sock.close()
-
-    def _waited(self) -> None:
-        self._waits -= 1
-        if self._closing and not self._waits:
-            self._sock.close()
+        """Close the connection: at once when a request was not sent whole,
+        else once the transport is done (see :func:`_closed_within`). A
+        call another task waits in ends (at end of stream, or with
+        ``ConnectionResetError`` for a send)."""
+        transport = self.transport
+        if transport is None or self._closed is None:
+            return
+        if transport.get_write_buffer_size():
+            transport.abort()
+        elif not transport.is_closing():
+            transport.close()
+        await _closed_within(transport, self._closed, self.timeout)
 
     def is_readable(self) -> bool:
-        """True when bytes or the end of the stream wait on the socket (see
-        :class:`~binproto.adapters._server.ProbesIdle`): a peek of one byte
-        that does not wait (``select`` would refuse descriptors past 1023)."""
-        try:
-            self._sock.recv(1, socket.MSG_PEEK)  # (non-blocking: raises if nothing waits)
-        except BlockingIOError:
-            return False
-        except OSError:  # reset, or closed here: not to be used again either
-            return True
-        return True  # a byte, or b"" at the end of the stream
+        """True when bytes came that no read took, or the server closed its
+        side (see :class:`~binproto.adapters._server.ProbesIdle`): what the
+        event loop saw, with no system call."""
+        return self._end > self._start or self._ended()
 
 
 #: Seconds the server stops accepting when the process is out of file
@@ -957,6 +1100,31 @@ async def serve(
         await close_server(srv)
 
 
+async def _open_socket(loop: asyncio.AbstractEventLoop, host: str, port: int) -> socket.socket:
+    """A connected non-blocking TCP socket: each address of ``host`` in
+    turn, as ``open_connection`` does ("localhost" may be ::1 first, with
+    the server listening on 127.0.0.1 only)."""
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    errors: list[OSError] = []
+    for family, type_, proto, _, address in infos:
+        sock = socket.socket(family, type_, proto)
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            await loop.sock_connect(sock, address)
+        except OSError as exc:
+            sock.close()
+            errors.append(exc)
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    if len(errors) == 1:
+        raise errors[0]
+    raise OSError(f"could not connect to {host}:{port}: {'; '.join(map(str, errors))}")
+
+
 async def connect(
     host: str,
     port: int,
@@ -964,40 +1132,31 @@ async def connect(
     zero_copy: bool = True,
     timeout: float | None = None,
     ssl: ssl_module.SSLContext | None = None,
-) -> SocketStream | StreamsStream:
+) -> ClientStream | StreamsStream:
     """Open a connection as a ByteStream.
 
-    ``zero_copy``: a :class:`SocketStream` (bytes received into and sent from
-    the caller's memory); else asyncio streams. ``timeout`` bounds each wait
-    for the peer, for its bytes or for it to take ours. ``ssl``: TLS with
-    this context (over asyncio streams: no zero copy through TLS).
+    ``zero_copy``: a :class:`ClientStream` (bytes received into and sent
+    from the caller's memory); else asyncio streams. ``timeout`` bounds each
+    wait for the peer, for its bytes or for it to take ours. ``ssl``: TLS
+    with this context.
     """
     loop = asyncio.get_running_loop()
-    if zero_copy and ssl is None:
-        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        errors: list[OSError] = []
-        # Each address in turn, as open_connection does ("localhost" may be
-        # ::1 first, with the server listening on 127.0.0.1 only).
-        for family, type_, proto, _, address in infos:
-            sock = socket.socket(family, type_, proto)
-            try:
-                sock.setblocking(False)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                await loop.sock_connect(sock, address)
-            except OSError as exc:
-                sock.close()
-                errors.append(exc)
-                continue
-            except BaseException:
-                sock.close()
-                raise
-            return SocketStream(sock, timeout)
-        if len(errors) == 1:
-            raise errors[0]
-        raise OSError(f"could not connect to {host}:{port}: {'; '.join(map(str, errors))}")
-    # (asyncio sets TCP_NODELAY on its TCP transports.)
-    reader, writer = await asyncio.open_connection(host, port, limit=STREAM_LIMIT, ssl=ssl)
-    return StreamsStream(reader, writer, timeout)
+    if not zero_copy:
+        # (asyncio sets TCP_NODELAY on its TCP transports.)
+        reader, writer = await asyncio.open_connection(host, port, limit=STREAM_LIMIT, ssl=ssl)
+        return StreamsStream(reader, writer, timeout)
+    sock = await _open_socket(loop, host, port)
+    try:
+        _, stream = await loop.create_connection(
+            lambda: ClientStream(timeout, sock if ssl is None else None),
+            sock=sock,
+            ssl=ssl,
+            server_hostname=host if ssl is not None else None,
+        )
+    except BaseException:
+        sock.close()
+        raise
+    return stream
 
 
 class Client(EndpointClient):
@@ -1018,11 +1177,11 @@ class Client(EndpointClient):
     ``keepalive_expiry``, ``retry``, ``limits``, ``accept_encoding`` and
     ``request_encoding``.
 
-    ``zero_copy`` receives response tensors straight into their arrays (not
-    through TLS); ``timeout`` bounds each wait for the server, for its bytes
-    or for it to take ours (default :data:`CLIENT_TIMEOUT`, 300 s; None: no
-    bound; else a positive number of seconds, or
-    :class:`binproto.LocalProtocolError`); ``ssl`` is the
+    ``zero_copy`` receives response tensors straight into their arrays
+    (a :class:`ClientStream`; False: asyncio streams); ``timeout`` bounds
+    each wait for the server, for its bytes or for it to take ours
+    (default :data:`CLIENT_TIMEOUT`, 300 s; None: no bound; else a positive
+    number of seconds, or :class:`binproto.LocalProtocolError`); ``ssl`` is the
     ``ssl.SSLContext`` for TLS (an ``https://`` URL without one uses
     ``ssl.create_default_context()``).
     """
