@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.serial
 
 #: How long the three kinds of traffic run together, in seconds.
-SOAK = 40.0
+SOAK = 20.0
 DRIPPERS = 200
 CLIENTS = 32
 RESETS = 20  # connections reset mid-body, at least (127 here; 32 beside six busy loops)
