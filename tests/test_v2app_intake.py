@@ -153,6 +153,35 @@ def test_a_cancelled_request_is_not_taken_for_a_stall() -> None:
     assert sent == []
 
 
+def test_a_refused_request_whose_body_stalls_is_answered_and_closed() -> None:
+    # An unknown model: the answer waits for the rest of the body (so that
+    # the client sees it), but a body that stalls is not waited for again.
+    # (A body too big to be read ahead: the model is looked up first.)
+    headers, body = _request(100_000)
+    scope = {
+        **_scope(headers),
+        "path": "/v2/models/nope/infer",
+        "raw_path": b"/v2/models/nope/infer",
+    }
+    queue = _stalling(body, 10_000)  # (the JSON header and some tensor bytes)
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if len(queue) == 1:
+            await asyncio.Event().wait()
+        delay, data = queue.pop(0)
+        await asyncio.sleep(delay)
+        return {"type": "http.request", "body": data, "more_body": True}
+
+    async def send(message: Message) -> None:
+        sent.append(dict(message))
+
+    asyncio.run(asyncio.wait_for(V2App(body_timeout=0.2)(scope, receive, send), 5))
+    status, answer_headers, _ = _answer(sent)
+    assert status == 404
+    assert answer_headers[b"connection"] == b"close"
+
+
 @pytest.mark.parametrize("bad", [0, -1, float("nan"), "30", True])
 def test_a_body_timeout_is_a_positive_number_or_none(bad: Any) -> None:
     with pytest.raises(LocalProtocolError, match="body_timeout"):

@@ -315,7 +315,9 @@ async def _error(
             close = True  # (a stalled body is not waited for again)
         elif reader.failed is None and not (expects and not reader._received):
             if remaining is None or remaining <= DISCARD_LIMIT:
-                await reader.discard()
+                # A body left unread (too long, or stalled) is not waited for again.
+                if not await reader.discard() or reader.stalled:
+                    close = True
     if isinstance(exc, InferenceError):
         response = error_response(exc.message, exc.status)
         if exc.allow is not None:
