@@ -686,6 +686,7 @@ class ClientStream(_WorkerThreads, asyncio.BufferedProtocol):
         self._start = 0  # what came and no read took yet: _buf[_start:_end]
         self._end = 0
         self._target: memoryview | None = None  # the waiting receive_into's memory
+        self._into_target = False  # whether get_buffer lent the loop self._target
         self._received = 0  # bytes the loop put in _target
         self._waiter: asyncio.Future[None] | None = None
         self._waiting_for = ""  # _BYTES or _TAKE, while _waiter waits
@@ -705,8 +706,13 @@ class ClientStream(_WorkerThreads, asyncio.BufferedProtocol):
         self.transport.set_write_buffer_limits(HIGH_WATER)
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if self._target is not None:
+        # Only a read still waiting takes bytes into its memory: one cancelled
+        # or timed out has not yet let go of it, but gave up on it.
+        waiter = self._waiter
+        if self._target is not None and waiter is not None and not waiter.done():
+            self._into_target = True
             return self._target
+        self._into_target = False
         start, end = self._start, self._end
         if start == end:
             self._start = self._end = end = 0
@@ -724,7 +730,8 @@ class ClientStream(_WorkerThreads, asyncio.BufferedProtocol):
         return self._view[end:]
 
     def buffer_updated(self, nbytes: int) -> None:
-        if self._target is not None:
+        if self._into_target:
+            self._into_target = False
             self._target = None
             self._received = nbytes
         else:
