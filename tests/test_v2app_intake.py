@@ -17,6 +17,7 @@ import pytest
 
 import binproto
 from binproto import LocalProtocolError
+from binproto.adapters import _asgi_reader
 from binproto.adapters.asgi import Message, V2App
 from tests.servers import request_bytes
 
@@ -151,6 +152,28 @@ def test_a_cancelled_request_is_not_taken_for_a_stall() -> None:
 
     asyncio.run(main())
     assert sent == []
+    stalls = _asgi_reader._last_stalls
+    assert stalls is not None and not stalls.waiting  # the timer let go of it
+
+
+def test_a_shorter_timeout_is_checked_at_its_own_pace() -> None:
+    # A request with a long timeout arms the loop's check for its period;
+    # one with a short timeout, after it, is still answered on time.
+    _, body = _request()
+
+    async def main() -> float:
+        slow = asyncio.ensure_future(_serve(V2App(body_timeout=4), _stalling(body, 100)))
+        await asyncio.sleep(0.05)
+        start = time.monotonic()
+        sent = await _serve(V2App(body_timeout=0.2), _stalling(body, 100))
+        elapsed = time.monotonic() - start
+        assert _answer(sent)[0] == 408
+        slow.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await slow
+        return elapsed
+
+    assert asyncio.run(main()) < 0.2 + 0.05 + 0.5
 
 
 def test_a_refused_request_whose_body_stalls_is_answered_and_closed() -> None:

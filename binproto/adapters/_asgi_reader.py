@@ -124,10 +124,11 @@ class _Stalls:
     """The body receives waiting on one asyncio event loop, and one timer
     that ends those past their deadline (a 408 from the reader).
 
-    A timer per receive (``asyncio.timeout``) costs microseconds a request;
-    this costs a dict entry, and one timer run per period while receives
-    wait. A receive waits at most ``STALL_CHECK`` (or a quarter of its
-    timeout, when less) past its timeout."""
+    A timer per receive (``asyncio.timeout``) would cost more than the rest
+    of a small request's reading (docs/performance.md); this costs a dict
+    entry, and one timer run per period while receives wait. A receive
+    waits at most ``STALL_CHECK`` (or a quarter of the shortest timeout
+    seen, when less) past its timeout."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -144,6 +145,9 @@ class _Stalls:
         self.waiting[reader] = (self._loop.time() + timeout, task)
         if timeout / 4 < self._period:
             self._period = timeout / 4
+            if self._timer is not None:  # (armed for the longer period: sooner now)
+                self._timer.cancel()
+                self._timer = None
         if self._timer is None:
             self._timer = self._loop.call_later(self._period, self._check)
 
