@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -203,6 +205,28 @@ def test_a_refused_request_whose_body_stalls_is_answered_and_closed() -> None:
     status, answer_headers, _ = _answer(sent)
     assert status == 404
     assert answer_headers[b"connection"] == b"close"
+
+
+def test_each_event_loop_keeps_its_own_stall_check() -> None:
+    # Servers that run a loop per thread alternate loops: each keeps its
+    # one check, and a loop that is gone takes its check along.
+    async def current() -> Any:
+        return _asgi_reader._stalls()
+
+    first, second = asyncio.new_event_loop(), asyncio.new_event_loop()
+    try:
+        a = first.run_until_complete(current())
+        b = second.run_until_complete(current())
+        assert a is not b
+        assert first.run_until_complete(current()) is a
+        assert second.run_until_complete(current()) is b
+    finally:
+        first.close()
+        second.close()
+    gone = weakref.ref(first)
+    del first, a
+    gc.collect()
+    assert gone() is None  # (the check does not keep its loop alive)
 
 
 @pytest.mark.parametrize("bad", [0, -1, float("nan"), "30", True])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -131,8 +132,8 @@ class _Stalls:
     seen, when less) past its timeout."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self._loop = loop
+        # (Weakly: the loops' map below would otherwise keep every loop alive.)
+        self.loop_ref = weakref.ref(loop)
         #: The receives waiting: reader -> (deadline, its task).
         self.waiting: dict[AsgiBodyReader, tuple[float, asyncio.Task[Any]]] = {}
         self._timer: asyncio.TimerHandle | None = None
@@ -140,29 +141,36 @@ class _Stalls:
 
     def start(self, reader: AsgiBodyReader, timeout: float) -> None:
         """Note that ``reader`` now waits for a receive, at most ``timeout`` seconds."""
-        task = asyncio.current_task(self._loop)
-        assert task is not None  # (a receive is awaited in a task)
-        self.waiting[reader] = (self._loop.time() + timeout, task)
+        loop = self.loop_ref()
+        task = asyncio.current_task(loop)
+        assert loop is not None and task is not None  # (a receive is awaited in a task)
+        self.waiting[reader] = (loop.time() + timeout, task)
         if timeout / 4 < self._period:
             self._period = timeout / 4
             if self._timer is not None:  # (armed for the longer period: sooner now)
                 self._timer.cancel()
                 self._timer = None
         if self._timer is None:
-            self._timer = self._loop.call_later(self._period, self._check)
+            self._timer = loop.call_later(self._period, self._check)
 
     def _check(self) -> None:
-        now = self._loop.time()
+        loop = self.loop_ref()
+        assert loop is not None  # (it runs this)
+        now = loop.time()
         for reader, (deadline, task) in list(self.waiting.items()):
             if now >= deadline:
                 del self.waiting[reader]
                 reader.stalled = True
                 task.cancel()  # (the reader turns it into its 408 fault)
-        self._timer = self._loop.call_later(self._period, self._check) if self.waiting else None
+        self._timer = loop.call_later(self._period, self._check) if self.waiting else None
 
 
-#: The last event loop's :class:`_Stalls` (a process serves on one loop; a
-#: reader keeps the one it started with, whatever loop comes next).
+#: Each event loop's :class:`_Stalls` (several loops, one a thread, share
+#: the process under some servers); a loop that is gone takes its own along.
+_stalls_of: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Stalls] = (
+    weakref.WeakKeyDictionary()
+)
+#: The last one asked for: most processes serve on one loop.
 _last_stalls: _Stalls | None = None
 
 
@@ -174,8 +182,11 @@ def _stalls() -> _Stalls | None:
     except RuntimeError:
         return None
     stalls = _last_stalls
-    if stalls is None or stalls.loop is not loop:
-        stalls = _last_stalls = _Stalls(loop)
+    if stalls is None or stalls.loop_ref() is not loop:
+        stalls = _stalls_of.get(loop)
+        if stalls is None:
+            stalls = _stalls_of[loop] = _Stalls(loop)
+        _last_stalls = stalls
     return stalls
 
 
