@@ -54,12 +54,27 @@ def _run(main: Callable[[], Awaitable[Any]], loop_kind: str = "asyncio") -> Any:
 
 @asynccontextmanager
 async def _raw_server(handler: Handler) -> AsyncIterator[int]:
-    """A server running ``handler`` for each connection; yields its port."""
-    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    """A server running ``handler`` for each connection; yields its port.
+
+    Its handlers still running at the end are cancelled and awaited: a task
+    left pending when the loop closes is logged when it is collected, which
+    may be during another test (one that checks asyncio logs nothing)."""
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def tracked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        tasks.add(task)
+        await handler(reader, writer)
+
+    server = await asyncio.start_server(tracked, "127.0.0.1", 0)
     try:
         yield server.sockets[0].getsockname()[1]
     finally:
         server.close()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _stream(port: int, timeout: float | None = 10) -> ClientStream:
