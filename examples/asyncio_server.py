@@ -54,7 +54,7 @@ async def scale(request: InferRequest) -> Mapping[str, Any]:
             limits = np.iinfo(array.dtype)
             fits = isinstance(factor, int) and limits.min <= factor <= limits.max
         else:  # (1e6 would be inf as FP16)
-            fits = abs(factor) <= np.finfo(array.dtype).max
+            fits = abs(factor) <= float(np.finfo(array.dtype).max)  # (compared as Python floats)
         if not fits:
             raise InferenceError(f"factor {factor!r} is no {array.dtype} value (input '{name}')")
         outputs[name] = array * np.asarray(factor, dtype=array.dtype)

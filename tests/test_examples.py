@@ -24,6 +24,9 @@ from .servers import running
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
+#: An example that warns (numpy overflow in a cast, say) fails its test.
+pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")
+
 
 def load(name: str) -> ModuleType:
     """Import ``examples/<name>.py`` as a module."""
