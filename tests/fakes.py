@@ -25,9 +25,12 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import ssl
 import struct
+import subprocess
 import threading
 from collections.abc import Callable, MutableMapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import binproto
@@ -43,6 +46,7 @@ __all__ = [
     "TimingOutStreamInto",
     "echo_answer",
     "ok_answer",
+    "tls_contexts",
 ]
 
 Step = bytes | str | float | Callable[[bytes, bytes], bytes]
@@ -332,3 +336,19 @@ class TimingOutStreamInto(TimingOutStream):
         data = await self.receive_some(len(view))
         view[: len(data)] = data
         return len(data)
+
+
+def tls_contexts(folder: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """A server and a client context for a self-signed certificate of
+    ``localhost`` and 127.0.0.1, made in ``folder``."""
+    key, cert = folder / "key.pem", folder / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
+         "-out", cert, "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(cert, key)
+    return server, ssl.create_default_context(cafile=str(cert))

@@ -26,7 +26,7 @@ from binproto.adapters._server import Timeouts, V2Server
 from binproto.adapters.asyncio import Client, close_server, start_server
 from binproto.adapters.h11 import HTTPError
 
-from .fakes import ScriptedServer, ok_answer
+from .fakes import ScriptedServer, ok_answer, tls_contexts
 from .servers import running, serving_here
 
 X = np.arange(6, dtype=np.float32)
@@ -231,19 +231,8 @@ def _trio_tls_server(ctx: Any) -> Iterator[int]:
 
 def test_tls_through_an_ssl_context(tmp_path: Any) -> None:
     import ssl
-    import subprocess
 
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
-         "-out", cert, "-days", "1", "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
-    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server_ctx.load_cert_chain(cert, key)
-    client_ctx = ssl.create_default_context(cafile=str(cert))
+    server_ctx, client_ctx = tls_contexts(tmp_path)
 
     with _trio_tls_server(server_ctx) as port:
 

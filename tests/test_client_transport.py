@@ -8,7 +8,6 @@ import asyncio
 import gc
 import logging
 import os
-import ssl
 import subprocess
 import sys
 import threading
@@ -36,6 +35,8 @@ from binproto.adapters.asyncio import (
     echo_model,
     start_server,
 )
+
+from .fakes import tls_contexts
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -335,27 +336,12 @@ def test_a_big_echo_between_memory_maps_holds_little_memory(tmp_path: Path) -> N
     assert peak[0] - before < 64 << 20
 
 
-def _tls_contexts(tmp_path: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    """A server and a client context for a self-signed 127.0.0.1 certificate."""
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
-         "-out", cert, "-days", "1", "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
-    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server.load_cert_chain(cert, key)
-    return server, ssl.create_default_context(cafile=str(cert))
-
-
 def test_over_tls_tensors_are_received_in_place_and_a_close_is_quiet(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The server answers 4 MiB and closes: the answer is received through
     # TLS into the destination array, and the close draws no warning.
-    server_ctx, client_ctx = _tls_contexts(tmp_path)
+    server_ctx, client_ctx = tls_contexts(tmp_path)
     x = np.arange(1 << 20, dtype=np.float32)
     body = binproto.encode_response({"x": x}, model_name="m")
     head = (
