@@ -215,7 +215,7 @@ def test_a_chunked_json_header_is_parsed_in_a_worker_thread() -> None:
 def test_a_big_json_answer_is_encoded_in_a_worker_thread() -> None:
     encoded = binproto.encode_request({"x": np.arange(1 << 17, dtype=np.float32)})
     stream = _serve_one(_post(bytes(encoded), dict(encoded.headers)))
-    assert "encode_response" in stream.threaded
+    assert "_encode_response" in stream.threaded
     # A binary answer, or a small JSON one, is not worth the thread.
     for inputs, binary in (
         ({"x": np.arange(1 << 17, dtype=np.float32)}, True),
@@ -223,7 +223,7 @@ def test_a_big_json_answer_is_encoded_in_a_worker_thread() -> None:
     ):
         encoded = binproto.encode_request(inputs, binary_data_output=binary)
         stream = _serve_one(_post(bytes(encoded), dict(encoded.headers)))
-        assert "encode_response" not in stream.threaded
+        assert "_encode_response" not in stream.threaded
 
 
 # -- the ASGI path ---------------------------------------------------------------------------

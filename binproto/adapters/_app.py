@@ -189,6 +189,20 @@ async def _echo(request: InferRequest) -> Mapping[str, Any]:
     return outputs
 
 
+def _encode_response(
+    result: Any, model_name: str, version: str | None, header: InferenceHeader, most: int
+) -> EncodedBody:
+    """A handler's outputs, encoded as the answer to ``header``."""
+    return binproto.encode_response(
+        result,
+        model_name=model_name,
+        model_version=version,
+        id=header.id,
+        request=header,
+        max_json_elements=most,
+    )
+
+
 def _unknown_outputs(header: InferenceHeader, result: Any) -> list[str]:
     """The outputs the request asks for that ``result`` (outputs by name, or a
     sequence of :class:`binproto.Tensor`) does not hold."""
@@ -424,27 +438,13 @@ class V2Application:
         if version is None and model.versions:
             version = model.versions[0]
         limits = self.limits if self.limits is not None else DEFAULT_LIMITS
+        most = limits.max_json_output_elements
         if to_thread is not None and (
             request.body.header_in_thread or json_output_elements(result, header) >= THREAD_JSON
         ):
             # JSON text is written a slice at a time, each slice a pass in C:
             # in a thread, the event loop runs between slices.
-            encode = functools.partial(
-                binproto.encode_response,
-                result,
-                model_name=model.name,
-                model_version=version,
-                id=header.id,
-                request=header,
-                max_json_elements=limits.max_json_output_elements,
-            )
+            encode = functools.partial(_encode_response, result, model.name, version, header, most)
             body: EncodedBody = await to_thread(encode)
             return body
-        return binproto.encode_response(
-            result,
-            model_name=model.name,
-            model_version=version,
-            id=header.id,
-            request=header,
-            max_json_elements=limits.max_json_output_elements,
-        )
+        return _encode_response(result, model.name, version, header, most)
