@@ -16,6 +16,9 @@ its median per-round ratio to the floor under it:
   codec and nothing else (``h11-codec``), compared with the h11 floor: the
   most any h11 server doing this echo with this codec reaches, so the gap
   between it and binproto's servers is their own machinery;
+- and the same for uvicorn: the trivial ASGI app doing the echo with
+  binproto's codec and nothing else (``asgi-codec``), compared with the
+  trivial app;
 - and, also compared with the h11 floor, the same floor on trio
   (``h11-trio-floor``): what trio's event loop costs per request, the ceiling
   of binproto's trio server.
@@ -65,6 +68,7 @@ FLOOR_OF = {
     "binproto-trio": "h11-floor",
     "binproto-asgi": "asgi-floor",
     "binproto-v2app": "asgi-floor",
+    "asgi-codec": "asgi-floor",
     "binproto-cpu2": "binproto-cpu1",
     "triton": "h11-floor",
     "kserve": "asgi-floor",
@@ -81,6 +85,7 @@ COMMANDS: dict[str, list[str]] = {
     "bare-asyncio": [sys.executable, "-m", "benchmarks.floor_servers", "bare", "{port}"],
     "h11-floor": [sys.executable, "-m", "benchmarks.floor_servers", "h11", "{port}"],
     "asgi-floor": _uvicorn("benchmarks.floor_servers:asgi_app"),
+    "asgi-codec": _uvicorn("benchmarks.floor_servers:asgi_codec_app"),
     "h11-codec": [sys.executable, "-m", "benchmarks.floor_servers", "h11-codec", "{port}"],
     "h11-trio-floor": [sys.executable, "-m", "benchmarks.floor_servers", "h11-trio", "{port}"],
     "binproto-asyncio": [sys.executable, "-m", "binproto", "serve", "--port", "{port}"],
@@ -282,7 +287,15 @@ def wrk(port: int, script: Path, connections: int, seconds: float, path: str = E
 
 #: Servers also compared with a real Triton, when it runs: the least ratio
 #: of their request rate to Triton's (``vs_triton``, median per round).
-TRITON_TARGETS = {"binproto-v2app": 1.3, "binproto-asyncio": None}
+TRITON_TARGETS = {"binproto-v2app": 1.3, "binproto-asyncio": None, "asgi-codec": None}
+
+#: Servers also compared with the codec floor of their layer: what their own
+#: machinery costs beside the codec's work (``vs_codec``, median per round).
+CODEC_FLOOR_OF = {
+    "binproto-asyncio": "h11-codec",
+    "binproto-asgi": "asgi-codec",
+    "binproto-v2app": "asgi-codec",
+}
 
 #: The least ratio to the floor each of binproto's servers should reach.
 TARGETS = {
@@ -332,6 +345,10 @@ def measure(
                     if least is not None:
                         extra["triton_target"] = f">= {least}x triton"
                         extra["triton_met"] = "yes" if extra["vs_triton"] >= least else "no"
+                codec = samples.get(CODEC_FLOOR_OF.get(name, ""))
+                if codec is not None:
+                    ratios = [a.rps / b.rps for a, b in zip(results, codec, strict=True)]
+                    extra["vs_codec"] = round(statistics.median(ratios), 3)
                 cores = [r.server_cores for r in results if r.server_cores is not None]
                 if cores:
                     # Requests per CPU second: what the server does with the CPU it got.

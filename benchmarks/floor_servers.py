@@ -21,6 +21,11 @@ server built on the same layer can reach:
 - ``asgi``: a trivial ASGI app (reads the body, fixed answer), served by
   ``python -m uvicorn benchmarks.floor_servers:asgi_app``; the floor of an ASGI
   app under uvicorn.
+- ``asgi-codec``: the ``asgi`` floor doing an echo with binproto's codec and
+  nothing else (``decode_request`` of the whole body, ``encode_response``,
+  one body message; no routing, limits or handler), served by uvicorn as
+  ``benchmarks.floor_servers:asgi_codec_app``: the most any ASGI app doing
+  this echo with this codec reaches under uvicorn.
 - ``binproto-asgi``: binproto's bare ASGI echo app (docs/adapters.md's shape), served
   by uvicorn as ``benchmarks.floor_servers:binproto_asgi_app``.
 - ``binproto-v2app``: binproto's whole V2 server as an ASGI app (``V2App``,
@@ -168,6 +173,26 @@ async def asgi_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         }
     )
     await send({"type": "http.response.body", "body": ANSWER})
+
+
+async def asgi_codec_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """The trivial ASGI app doing the echo with binproto's codec, and nothing else."""
+    if scope["type"] != "http":
+        return
+    parts = []
+    more = True
+    while more:
+        message = await receive()
+        parts.append(message.get("body", b""))
+        more = message.get("more_body", False)
+    hl = None
+    for name, value in scope["headers"]:
+        if name == b"inference-header-content-length":
+            hl = int(value)
+    decoded = binproto.decode_request(b"".join(parts), header_length=hl)
+    out = binproto.encode_response(decoded.tensors, model_name="echo", request=decoded.header)
+    await send({"type": "http.response.start", "status": 200, "headers": out.raw_headers})
+    await send({"type": "http.response.body", "body": b"".join(out.buffers)})
 
 
 async def binproto_asgi_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
