@@ -98,6 +98,8 @@ COMMANDS: dict[str, list[str]] = {
     ],
     "binproto-asgi": _uvicorn("benchmarks.floor_servers:binproto_asgi_app"),
     "binproto-v2app": _uvicorn("benchmarks.floor_servers:v2app"),
+    # V2App on two uvicorn workers: both cores, as Triton's threads use them.
+    "binproto-v2app-2w": [*_uvicorn("benchmarks.floor_servers:v2app"), "--workers", "2"],
     # A model of ~1 ms of CPU a request, on one process and on two.
     "binproto-cpu1": [
         *(sys.executable, "-m", "binproto", "serve", "benchmarks.floor_servers:cpu_models"),
@@ -287,7 +289,12 @@ def wrk(port: int, script: Path, connections: int, seconds: float, path: str = E
 
 #: Servers also compared with a real Triton, when it runs: the least ratio
 #: of their request rate to Triton's (``vs_triton``, median per round).
-TRITON_TARGETS = {"binproto-v2app": 1.3, "binproto-asyncio": None, "asgi-codec": None}
+TRITON_TARGETS = {
+    "binproto-v2app": 1.3,
+    "binproto-v2app-2w": None,
+    "binproto-asyncio": None,
+    "asgi-codec": None,
+}
 
 #: Servers also compared with the codec floor of their layer: what their own
 #: machinery costs beside the codec's work (``vs_codec``, median per round).

@@ -192,7 +192,18 @@ def request_loop(mode: str, count: int) -> None:
         (b"inference-header-content-length", b"%d" % hl),
         (b"content-length", b"%d" % len(body)),
     ]
-    scope = {"type": "http", "method": "POST", "path": "/v2/models/echo/infer", "headers": headers}
+    # (What uvicorn's scope holds that the apps read.)
+    path = "/v2/models/echo/infer"
+    scope = {
+        "type": "http",
+        "http_version": "1.1",
+        "method": "POST",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": headers,
+    }
     message = {"type": "http.request", "body": body, "more_body": False}
 
     async def receive() -> dict[str, object]:
