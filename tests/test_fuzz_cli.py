@@ -73,9 +73,12 @@ def test_a_seed_replays_the_same_requests() -> None:
     assert run(4) != first
 
 
-def test_nothing_found_in_binproto_echo_server_on_two_backends() -> None:
-    pytest.importorskip("trio")
-    with running_binproto_server("asyncio") as a, running_binproto_server("trio") as b:
+@pytest.mark.parametrize("other", ["trio", "uvicorn"])
+def test_nothing_found_in_binproto_echo_server_on_two_backends(other: str) -> None:
+    # uvicorn takes a client's half-close for a disconnect and closes, where
+    # binproto's own servers answer 400: either is right for a body cut short.
+    pytest.importorskip(other)
+    with running_binproto_server("asyncio") as a, running_binproto_server(other) as b:
         report = fuzz(
             Target("127.0.0.1", a),
             "echo",
@@ -85,6 +88,7 @@ def test_nothing_found_in_binproto_echo_server_on_two_backends() -> None:
             echo=True,
             against=Target("127.0.0.1", b),
             max_requests=300,
+            reduce_budget=1,
         )
     assert report.requests == 300
     assert report.findings == {}
