@@ -56,6 +56,13 @@ def test_finds_the_500_and_the_hang_and_reduces_them(tmp_path: Path) -> None:
         assert hang.seen == "timeout" and hang.request.end_input
     saved = json.loads((tmp_path / f"5xx-{five.index}.json").read_text())
     assert saved["seed"] == 0 and saved["kind"] == "5xx" and saved["curl"].startswith("curl ")
+    assert ("replay" in saved) == five.reduced.end_input
+    # A request cut short is replayed as written, then the client's side ended.
+    assert hang.reduced is not None and hang.reduced.end_input
+    replay = json.loads((tmp_path / f"hang-{hang.index}.json").read_text())["replay"]
+    wire = tmp_path / f"hang-{hang.index}.reduced.http"
+    assert replay == f"nc -N 127.0.0.1 {port} < {wire}"
+    assert wire.read_bytes() == hang.reduced.wire(target)
     assert Path(five.files[0]).read_bytes().startswith(b"POST /v2/models/echo/infer HTTP/1.1")
 
 

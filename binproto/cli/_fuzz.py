@@ -19,6 +19,7 @@ import contextlib
 import json
 import random
 import re
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -249,16 +250,20 @@ def _save(out: Path, target: Target, finding: Finding, seed: int) -> None:
         path.with_suffix(path.suffix + ".http").write_bytes(request.wire(target))
         path.with_suffix(path.suffix + ".body").write_bytes(request.body)
         finding.files.append(str(path.with_suffix(path.suffix + ".http")))
+    shown = finding.reduced or finding.request
+    suffix = ".reduced" if finding.reduced else ""
     meta = {
         "kind": finding.kind,
         "detail": finding.detail,
         "seen": finding.seen,
         "seed": seed,
         "index": finding.index,
-        "curl": (finding.reduced or finding.request).curl(
-            target, f"{stem}.reduced.body" if finding.reduced else f"{stem}.body"
-        ),
+        "curl": shown.curl(target, f"{stem}{suffix}.body"),
     }
+    if shown.end_input:
+        # curl cannot end its side early: the request as written, then a half-close.
+        http = shlex.quote(f"{stem}{suffix}.http")
+        meta["replay"] = f"nc -N {shlex.quote(target.host)} {target.port} < {http}"
     Path(f"{stem}.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
