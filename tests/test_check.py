@@ -13,8 +13,8 @@ import pytest
 from binproto.adapters._server import Model, V2Server, echo_model
 from binproto.cli import main
 from binproto.cli._cases import CASES
-from binproto.cli._check import load_context, run_check
-from binproto.cli._wire import Target
+from binproto.cli._check import judge, load_context, run_check
+from binproto.cli._wire import Reply, Request, Target
 
 from .interop.binproto_servers import _identity, running_binproto_server
 from .servers import running
@@ -49,6 +49,24 @@ def test_case_ids_are_unique_and_levelled() -> None:
     assert len(ids) == len(set(ids)) and len(ids) >= 70
     assert {c.level for c in CASES} == {"MUST", "SHOULD"}
     assert all(c.clause and c.summary for c in CASES)
+
+
+@pytest.mark.parametrize(
+    ("reply", "result"),
+    [
+        (Reply("answered", 400), "pass"),
+        (Reply("closed"), "pass"),
+        (Reply("reset"), "pass"),
+        (Reply("closed", 200, body=b"half an answer"), "fail"),  # a 200 begun, then a close
+        (Reply("closed", body=b"HTTP/1.1 2"), "fail"),  # closed mid-head
+        (Reply("timeout"), "fail"),
+    ],
+)
+def test_a_body_cut_short_may_be_refused_or_closed_on_but_not_half_answered(
+    reply: Reply, result: str
+) -> None:
+    (case,) = [c for c in CASES if c.id == "truncated-body-then-eof"]
+    assert judge(case, Request("/v2/models/echo/infer"), reply)[0] == result
 
 
 def test_every_case_passes_against_binproto(server: Target, tmp_path: Path) -> None:

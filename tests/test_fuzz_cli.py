@@ -9,12 +9,15 @@ from pathlib import Path
 import pytest
 
 from binproto import TensorSpec
+from binproto.adapters.server import InferenceError, InferRequest, Model, V2Server
 from binproto.cli import main
-from binproto.cli._fuzz import DEFAULT_INPUTS, fuzz, parse_duration
-from binproto.cli._wire import Target, exchange
+from binproto.cli._fuzz import DEFAULT_INPUTS, _agree, fuzz, parse_duration
+from binproto.cli._wire import Reply, Request, Target, exchange
 
+from .fakes import ScriptedServer
 from .faulty_server import running_faulty_server
 from .interop.binproto_servers import running_binproto_server
+from .servers import running
 
 SPECS = list(DEFAULT_INPUTS)
 
@@ -100,6 +103,70 @@ def test_nothing_found_in_binproto_echo_server_on_two_backends(other: str) -> No
     assert report.requests == 300
     assert report.findings == {}
     assert report.seen.get("200", 0) > 50 and report.seen.get("4xx", 0) > 50
+
+
+REFUSED = Reply("answered", 400)
+
+
+@pytest.mark.parametrize(
+    ("theirs", "agree"),
+    [
+        (Reply("closed"), True),
+        (Reply("reset"), True),
+        (Reply("answered", 413), True),
+        (Reply("answered", 200), False),
+        (Reply("answered", 500), False),
+        (Reply("timeout"), False),
+        (Reply("closed", 200, body=b"half a body"), False),  # a 200 head, then a close
+        (Reply("closed", body=b"HTTP/1.1 4"), False),  # closed mid-head
+    ],
+)
+def test_on_a_body_cut_short_refusals_and_silent_ends_agree(theirs: Reply, agree: bool) -> None:
+    assert _agree(REFUSED, theirs, "refuse-or-close") is agree
+    assert _agree(theirs, REFUSED, "refuse-or-close") is agree
+
+
+def test_on_a_whole_body_a_refusal_and_a_close_disagree() -> None:
+    assert not _agree(REFUSED, Reply("closed"), "refuse")
+    assert _agree(REFUSED, Reply("answered", 413), "refuse")
+
+
+@pytest.mark.parametrize(
+    ("steps", "unanswered"),
+    [
+        (["close"], True),
+        (["reset"], True),
+        ([b"HTTP/1.1 400 Bad", "close"], False),
+        ([b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nhalf", "close"], False),
+        ([b"SSH-2.0\r\n\r\n", "close"], False),
+    ],
+)
+def test_an_end_is_unanswered_only_before_any_byte(
+    steps: list[bytes | str], unanswered: bool
+) -> None:
+    with ScriptedServer([steps]) as server:
+        reply = exchange(Target("127.0.0.1", server.port), Request("/v2", body=b"{}"), 5)
+    assert reply.outcome in ("closed", "reset")
+    assert reply.unanswered is unanswered
+
+
+async def _refuse(request: InferRequest) -> dict[str, object]:
+    raise InferenceError("refused")
+
+
+def test_a_disagreement_on_a_valid_request_is_reduced() -> None:
+    # Every valid request: 200 here, 400 there. Its reproducer is sent in one
+    # write, as the reduction makes it, and still gets both answers.
+    refuses = V2Server([Model("echo", _refuse)])
+    with running_binproto_server("asyncio") as a, running("asyncio", refuses) as b:
+        here, there = Target("127.0.0.1", a), Target("127.0.0.1", b.port)
+        report = fuzz(here, "echo", SPECS, seed=2, timeout=5, against=there, max_requests=60)
+        found = report.findings["disagreement"]
+        assert found.detail == "200 here, 400 there"
+        assert found.reduced is not None
+        assert found.reduced.segments == () and not found.reduced.chunked
+        assert exchange(here, found.reduced, 5).status == 200
+        assert exchange(there, found.reduced, 5).status == 400
 
 
 def test_against_reports_a_disagreement() -> None:

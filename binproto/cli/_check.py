@@ -121,7 +121,7 @@ def echo_problem(request: Request, answer: Any) -> str | None:
 def judge(case: Case, request: Request, reply: Reply, *, echo: bool = False) -> tuple[str, str]:
     """The result (pass, fail, n/a) of ``case`` given its answer, and why."""
     if reply.outcome != "answered":
-        if case.expect == "refuse-or-close" and reply.outcome in ("closed", "reset"):
+        if case.expect == "refuse-or-close" and reply.unanswered:
             return "pass", reply.detail
         return "fail", reply.detail or reply.outcome
     status = reply.status or 0

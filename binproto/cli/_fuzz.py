@@ -104,12 +104,14 @@ def _verdict(reply: Reply) -> str:
 
 def _agree(reply: Reply, other: Reply, expect: str) -> bool:
     """True when two servers' answers to one request agree. For a body cut
-    short a 4xx and a close are one answer: some servers (uvicorn) take the
-    client's half-close for a disconnect and close without answering."""
-    mine, theirs = _verdict(reply), _verdict(other)
-    if expect == "refuse-or-close" and {mine, theirs} == {"4xx", "closed"}:
-        return True
-    return mine == theirs
+    short a 4xx and an end with no answer (a close or a reset) are one
+    answer: some servers (uvicorn) take the client's half-close for a
+    disconnect and close without answering."""
+    if expect == "refuse-or-close":
+        refused = [r.unanswered or _verdict(r) == "4xx" for r in (reply, other)]
+        if all(refused):
+            return True
+    return _verdict(reply) == _verdict(other)
 
 
 def judge(request: Request, reply: Reply, expect: str, echo: bool) -> tuple[str, str] | None:
@@ -119,7 +121,7 @@ def judge(request: Request, reply: Reply, expect: str, echo: bool) -> tuple[str,
     ``"refuse-or-close"`` (a body cut short: a 4xx or a close).
     """
     kind = _kind_of(reply)
-    if kind == "closed" and expect == "refuse-or-close":
+    if expect == "refuse-or-close" and reply.unanswered:
         return None
     if kind is not None:
         return ("5xx" if kind.isdigit() else kind), f"{reply.describe()} {reply.detail}".strip()
@@ -220,9 +222,15 @@ def _reduce(
     then pieces of the body removed (halves, quarters, ...) while it fails."""
     deadline = time.monotonic() + budget
     best = request
-    for simpler in (replace(best, segments=()), replace(best, chunked=False)):
+    # Each from the best so far: the second must not undo the first.
+    simplifications: tuple[Callable[[Request], Request], ...] = (
+        lambda r: replace(r, segments=()),
+        lambda r: replace(r, chunked=False),
+    )
+    for simplify in simplifications:
         if time.monotonic() > deadline:
             return best
+        simpler = simplify(best)
         if simpler != best and fails(simpler):
             best = simpler
     size = len(best.body) // 2
@@ -293,13 +301,20 @@ def fuzz(
     path = f"/v2/models/{model}/infer"
     strategy = _strategy(specs, encodings)
 
+    def disagreement(request: Request, reply: Reply, expect: str) -> str | None:
+        """How ``against`` answers ``request`` otherwise, or None."""
+        if against is None:
+            return None
+        other = exchange(against, request, timeout)
+        if _agree(reply, other, expect):
+            return None
+        return f"{reply.describe()} here, {other.describe()} there"
+
     def send(request: Request, expect: str) -> tuple[Reply, tuple[str, str] | None]:
         reply = exchange(target, request, timeout)
         found = judge(request, reply, expect, echo)
-        if found is None and against is not None:
-            other = exchange(against, request, timeout)
-            if not _agree(reply, other, expect):
-                found = "disagreement", f"{reply.describe()} here, {other.describe()} there"
+        if found is None and (detail := disagreement(request, reply, expect)) is not None:
+            found = "disagreement", detail
         return reply, found
 
     def over() -> bool:
@@ -341,6 +356,11 @@ def fuzz(
 
         def fails(candidate: Request, kind: str = finding.kind) -> bool:
             expect = "refuse-or-close" if candidate.end_input else "refuse"
+            if kind == "disagreement":
+                # Judged against each other only: a valid request found
+                # here would be an "accepted-invalid" to the judge.
+                reply = exchange(target, candidate, timeout)
+                return disagreement(candidate, reply, expect) is not None
             found = send(candidate, expect)[1]
             return found is not None and found[0] == kind
 

@@ -140,6 +140,12 @@ class Reply:
                 found = v
         return found
 
+    @property
+    def unanswered(self) -> bool:
+        """True when the connection ended (closed or reset) before any byte
+        of a final answer: no head, no garbage, no body cut short."""
+        return self.outcome in ("closed", "reset") and self.status is None and not self.body
+
     def describe(self) -> str:
         """The status, or what happened instead."""
         if self.outcome == "answered":
@@ -190,13 +196,14 @@ def _read_reply(reader: _Reader, method: str, reply: Reply) -> None:
     while True:
         head = reader.until(b"\r\n\r\n")
         if head is None:
-            reply.outcome = "closed"
+            reply.outcome, reply.body = "closed", bytes(reader.buf)
             reply.detail = "closed without an answer" if not reader.buf else "closed mid-head"
             return
         lines = head.decode("latin-1").split("\r\n")
         parts = lines[0].split(" ", 2)
         if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
             reply.outcome, reply.detail = "closed", f"not an HTTP answer: {lines[0][:80]!r}"
+            reply.body = head
             return
         status = int(parts[1])
         headers = [
@@ -258,9 +265,9 @@ def exchange(target: Target, request: Request, timeout: float) -> Reply:
         reply.detail = f"cannot connect: {exc}"
         reply.elapsed = time.monotonic() - start
         return reply
+    reader = _Reader(sock, deadline)
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        reader = _Reader(sock, deadline)
         try:
             sock.settimeout(max(deadline - time.monotonic(), 0.001))
             sock.sendall(request.head(target))
@@ -279,6 +286,7 @@ def exchange(target: Target, request: Request, timeout: float) -> Reply:
         reply.outcome, reply.detail = "timeout", f"no whole answer within {timeout:g} s"
     except ConnectionResetError:
         reply.outcome, reply.detail = "reset", "connection reset"
+        reply.body = reply.body or bytes(reader.buf)  # (what came before it)
     except (OSError, ValueError) as exc:
         reply.outcome, reply.detail = "closed", str(exc)
     finally:
