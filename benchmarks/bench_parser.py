@@ -726,3 +726,24 @@ def run(quick: bool) -> list[Row]:
         pick(m, full=5, quick=3, tiny=1),
     )
     return rows
+
+
+def small_request_scope(body: bytes, header_length: int) -> dict[str, Any]:
+    """An ASGI HTTP scope for the small echo request: what uvicorn's holds
+    that binproto's apps read."""
+    path = "/v2/models/echo/infer"
+    return {
+        "type": "http",
+        "http_version": "1.1",
+        "method": "POST",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [
+            (b"host", b"127.0.0.1"),
+            (b"content-type", b"application/octet-stream"),
+            (b"inference-header-content-length", b"%d" % header_length),
+            (b"content-length", b"%d" % len(body)),
+        ],
+    }

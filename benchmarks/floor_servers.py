@@ -26,6 +26,9 @@ server built on the same layer can reach:
   one body message; no routing, limits or handler), served by uvicorn as
   ``benchmarks.floor_servers:asgi_codec_app``: the most any ASGI app doing
   this echo with this codec reaches under uvicorn.
+- ``timed_asgi_app``, ``timed_asgi_codec_app``, ``timed_v2app``: those apps,
+  each wrapped by :func:`timed`, which adds up the CPU time each step takes
+  (for ``benchmarks/bench_asgi_steps.py``).
 - ``binproto-asgi``: binproto's bare ASGI echo app (docs/adapters.md's shape), served
   by uvicorn as ``benchmarks.floor_servers:binproto_asgi_app``.
 - ``binproto-v2app``: binproto's whole V2 server as an ASGI app (``V2App``,
@@ -37,6 +40,8 @@ server built on the same layer can reach:
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import sys
 import time
 from typing import Any, cast
@@ -185,10 +190,11 @@ async def asgi_codec_app(scope: dict[str, Any], receive: Any, send: Any) -> None
         message = await receive()
         parts.append(message.get("body", b""))
         more = message.get("more_body", False)
-    hl = None
-    for name, value in scope["headers"]:
-        if name == b"inference-header-content-length":
-            hl = int(value)
+    if scope["method"] != "POST":  # (the readiness probe), as the h11 codec floor answers
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+        return
+    hl = binproto.header_length_from(scope["headers"])
     decoded = binproto.decode_request(b"".join(parts), header_length=hl)
     out = binproto.encode_response(decoded.tensors, model_name="echo", request=decoded.header)
     await send({"type": "http.response.start", "status": 200, "headers": out.raw_headers})
@@ -277,3 +283,58 @@ if __name__ == "__main__":
         _serve_trio(int(sys.argv[2]))
     else:
         asyncio.run(_serve(sys.argv[1], int(sys.argv[2])))
+
+
+#: Where a :func:`timed` app writes its step totals when the server stops.
+STEPS_OUT = "BINPROTO_STEPS_OUT"
+
+
+def timed(app: Any) -> Any:
+    """``app`` with the CPU time of its thread added up per step: its
+    ``receive`` calls, the response start, the body messages, and its own
+    work (the rest). At the lifespan's shutdown the totals (nanoseconds) and
+    the request count are written as JSON to the file named by
+    :data:`STEPS_OUT`."""
+    totals = {"receive": 0, "own work": 0, "send the start": 0, "send the body": 0}
+    count = 0
+
+    async def wrapped(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        nonlocal count
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            with open(os.environ[STEPS_OUT], "w") as f:
+                json.dump({"requests": count, "ns": totals}, f)
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        spent = 0
+
+        async def timed_receive() -> Any:
+            nonlocal spent
+            start = time.thread_time_ns()
+            message = await receive()
+            took = time.thread_time_ns() - start
+            totals["receive"] += took
+            spent += took
+            return message
+
+        async def timed_send(message: dict[str, Any]) -> None:
+            nonlocal spent
+            start = time.thread_time_ns()
+            await send(message)
+            took = time.thread_time_ns() - start
+            start_message = message["type"] == "http.response.start"
+            totals["send the start" if start_message else "send the body"] += took
+            spent += took
+
+        start = time.thread_time_ns()
+        await app(scope, timed_receive, timed_send)
+        totals["own work"] += time.thread_time_ns() - start - spent
+        count += 1
+
+    return wrapped
+
+
+timed_asgi_app = timed(asgi_app)
+timed_asgi_codec_app = timed(asgi_codec_app)
+timed_v2app = timed(V2App())

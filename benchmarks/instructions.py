@@ -177,7 +177,7 @@ def request_loop(mode: str, count: int) -> None:
     from binproto.adapters._server import REMEMBERED_HEADS, V2Server
     from binproto.adapters.asgi import V2App
 
-    from .bench_parser import small_request
+    from .bench_parser import small_request, small_request_scope
     from .floor_servers import binproto_asgi_app
 
     body, hl = small_request()
@@ -186,24 +186,7 @@ def request_loop(mode: str, count: int) -> None:
         b"Content-Type: application/octet-stream\r\n"
         b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
     ) % (hl, len(body))
-    headers = [
-        (b"host", b"127.0.0.1"),
-        (b"content-type", b"application/octet-stream"),
-        (b"inference-header-content-length", b"%d" % hl),
-        (b"content-length", b"%d" % len(body)),
-    ]
-    # (What uvicorn's scope holds that the apps read.)
-    path = "/v2/models/echo/infer"
-    scope = {
-        "type": "http",
-        "http_version": "1.1",
-        "method": "POST",
-        "path": path,
-        "raw_path": path.encode(),
-        "root_path": "",
-        "query_string": b"",
-        "headers": headers,
-    }
+    scope = small_request_scope(body, hl)
     message = {"type": "http.request", "body": body, "more_body": False}
 
     async def receive() -> dict[str, object]:
