@@ -124,6 +124,9 @@ REFUSED = Reply("answered", 400)
 def test_on_a_body_cut_short_refusals_and_silent_ends_agree(theirs: Reply, agree: bool) -> None:
     assert _agree(REFUSED, theirs, "refuse-or-close") is agree
     assert _agree(theirs, REFUSED, "refuse-or-close") is agree
+    # A silent end stands for a refusal too: it agrees where the 4xx does.
+    for silent in (Reply("closed"), Reply("reset")):
+        assert _agree(silent, theirs, "refuse-or-close") is agree
 
 
 def test_on_a_whole_body_a_refusal_and_a_close_disagree() -> None:
@@ -148,6 +151,14 @@ def test_an_end_is_unanswered_only_before_any_byte(
         reply = exchange(Target("127.0.0.1", server.port), Request("/v2", body=b"{}"), 5)
     assert reply.outcome in ("closed", "reset")
     assert reply.unanswered is unanswered
+
+
+def test_an_answer_past_the_bound_is_not_unanswered(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("binproto.cli._wire.MAX_ANSWER", 16)
+    with ScriptedServer([[b"x" * (1 << 17), "close"]]) as server:
+        reply = exchange(Target("127.0.0.1", server.port), Request("/v2", body=b"{}"), 5)
+    assert reply.outcome == "closed" and "longer than" in reply.detail
+    assert not reply.unanswered
 
 
 async def _refuse(request: InferRequest) -> dict[str, object]:

@@ -109,8 +109,8 @@ def _agree(reply: Reply, other: Reply, expect: str) -> bool:
     disconnect and close without answering."""
     if expect == "refuse-or-close":
         refused = [r.unanswered or _verdict(r) == "4xx" for r in (reply, other)]
-        if all(refused):
-            return True
+        if any(refused):
+            return all(refused)
     return _verdict(reply) == _verdict(other)
 
 

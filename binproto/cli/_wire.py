@@ -143,7 +143,8 @@ class Reply:
     @property
     def unanswered(self) -> bool:
         """True when the connection ended (closed or reset) before any byte
-        of a final answer: no head, no garbage, no body cut short."""
+        of a final answer: no head, no garbage, no body cut short (a
+        ``100 Continue`` may have come first)."""
         return self.outcome in ("closed", "reset") and self.status is None and not self.body
 
     def describe(self) -> str:
@@ -289,6 +290,7 @@ def exchange(target: Target, request: Request, timeout: float) -> Reply:
         reply.body = reply.body or bytes(reader.buf)  # (what came before it)
     except (OSError, ValueError) as exc:
         reply.outcome, reply.detail = "closed", str(exc)
+        reply.body = reply.body or bytes(reader.buf)  # (what came before it)
     finally:
         reply.elapsed = time.monotonic() - start
         sock.close()
