@@ -292,9 +292,10 @@ STEPS_OUT = "BINPROTO_STEPS_OUT"
 def timed(app: Any) -> Any:
     """``app`` with the CPU time of its thread added up per step: its
     ``receive`` calls, the response start, the body messages, and its own
-    work (the rest). At the lifespan's shutdown the totals (nanoseconds) and
-    the request count are written as JSON to the file named by
-    :data:`STEPS_OUT`."""
+    work (the rest). Only POST requests count; a GET (the readiness probe)
+    starts the count again. At the lifespan's shutdown the totals
+    (nanoseconds) and the request count are written as JSON to the file
+    named by :data:`STEPS_OUT`."""
     totals = {"receive": 0, "own work": 0, "send the start": 0, "send the body": 0}
     count = 0
 
@@ -306,6 +307,12 @@ def timed(app: Any) -> Any:
             with open(os.environ[STEPS_OUT], "w") as f:
                 json.dump({"requests": count, "ns": totals}, f)
             await send({"type": "lifespan.shutdown.complete"})
+            return
+        if scope["method"] != "POST":
+            for step in totals:
+                totals[step] = 0
+            count = 0
+            await app(scope, receive, send)
             return
         spent = 0
 
