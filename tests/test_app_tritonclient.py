@@ -33,8 +33,6 @@ from .models import (
 )
 from .servers import Running, serving
 
-triton_http = httpclient
-triton_aio = aioclient
 Array = np.ndarray[Any, Any]
 
 
@@ -52,6 +50,17 @@ def _triton(port: int) -> httpclient.InferenceServerClient:
     return httpclient.InferenceServerClient(f"127.0.0.1:{port}", connection_timeout=30)
 
 
+def _inputs(client: Any, items: list[tuple[str, str, Array, bool]]) -> list[Any]:
+    """tritonclient inputs of ``client`` (tritonclient.http or its aio
+    module) from ``(name, datatype, array, binary)``."""
+    inputs = []
+    for name, datatype, arr, binary in items:
+        inp = client.InferInput(name, list(arr.shape), datatype)
+        inp.set_data_from_numpy(arr, binary_data=binary)
+        inputs.append(inp)
+    return inputs
+
+
 def _triton_echo(
     port: int,
     items: list[tuple[str, str, np.ndarray[Any, Any]]],
@@ -59,11 +68,8 @@ def _triton_echo(
     binary_in: bool,
     binary_out: bool,
 ) -> httpclient.InferResult:
-    inputs = []
-    for name, datatype, arr in items:
-        inp = httpclient.InferInput(name, list(arr.shape), datatype)
-        inp.set_data_from_numpy(arr, binary_data=binary_in or datatype in ("FP16", "BF16"))
-        inputs.append(inp)
+    binary = [binary_in or datatype in ("FP16", "BF16") for _, datatype, _ in items]
+    inputs = _inputs(httpclient, [(*item, b) for item, b in zip(items, binary, strict=True)])
     outputs = [httpclient.InferRequestedOutput(n, binary_data=binary_out) for n, _, _ in items]
     client = _triton(port)
     try:
@@ -186,14 +192,8 @@ def test_tritonclient_aio(server: Running) -> None:
             meta = await client.get_server_metadata()
             assert "binary_tensor_data" in meta["extensions"]
             for binary in (True, False):
-                inputs = []
-                for dt, arr in [*NUMERIC, ("BYTES", UTF8)]:
-                    inp = aioclient.InferInput(dt, list(arr.shape), dt)
-                    inp.set_data_from_numpy(arr, binary_data=binary)
-                    inputs.append(inp)
-                inp = aioclient.InferInput("raw", list(NON_UTF8.shape), "BYTES")
-                inp.set_data_from_numpy(NON_UTF8, binary_data=True)
-                inputs.append(inp)
+                items = [(dt, dt, arr, binary) for dt, arr in [*NUMERIC, ("BYTES", UTF8)]]
+                inputs = _inputs(aioclient, [*items, ("raw", "BYTES", NON_UTF8, True)])
                 outputs = [aioclient.InferRequestedOutput(i.name(), binary) for i in inputs]
                 result = await client.infer("echo", inputs, outputs=outputs)
                 for dt, arr in NUMERIC:
@@ -213,12 +213,8 @@ def test_tritonclient_aio(server: Running) -> None:
 
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
 def test_tritonclient_compressed_response(server: Running, algorithm: str) -> None:
-    items = [(dt, dt, arr) for dt, arr in NUMERIC] + [("raw", "BYTES", NON_UTF8)]
-    inputs = []
-    for name, datatype, arr in items:
-        inp = httpclient.InferInput(name, list(arr.shape), datatype)
-        inp.set_data_from_numpy(arr, binary_data=True)
-        inputs.append(inp)
+    items = [(dt, dt, arr, True) for dt, arr in NUMERIC] + [("raw", "BYTES", NON_UTF8, True)]
+    inputs = _inputs(httpclient, items)
     client = _triton(server.port)
     try:
         result = client.infer("echo", inputs, response_compression_algorithm=algorithm)
@@ -246,11 +242,11 @@ TRITON_CASES = [(dt, b) for dt in TRITON_TYPES for b in (True, False) if b or dt
 @pytest.mark.parametrize(("datatype", "binary"), TRITON_CASES)
 def test_tritonclient_round_trip(port: int, datatype: str, binary: bool) -> None:
     arr = triton_sample(datatype)
-    client = triton_http.InferenceServerClient(f"127.0.0.1:{port}")
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
     try:
-        inp = triton_http.InferInput("x", list(arr.shape), datatype)
+        inp = httpclient.InferInput("x", list(arr.shape), datatype)
         inp.set_data_from_numpy(arr, binary_data=binary)
-        out = triton_http.InferRequestedOutput("x", binary_data=binary)
+        out = httpclient.InferRequestedOutput("x", binary_data=binary)
         result = client.infer("echo", [inp], outputs=[out], request_id="t1")
         assert same(result.as_numpy("x"), arr)
         response = result.get_response()
@@ -265,17 +261,16 @@ def test_tritonclient_bytes_binary_data_output_and_zero_size(port: int) -> None:
     text = np.array([[b"\xff\xfe"], [b""], [b"\x80 not utf-8"]], dtype=np.object_)
     words = np.array([b"plain", b"\xc3\xa9"], dtype=np.object_)
     empty = np.zeros((0, 5), dtype=np.float32)
-    client = triton_http.InferenceServerClient(f"127.0.0.1:{port}")
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
     try:
-        inputs = []
-        for name, arr, dt, binary in [
-            ("text", text, "BYTES", True),
-            ("words", words, "BYTES", False),
-            ("empty", empty, "FP32", True),
-        ]:
-            inp = triton_http.InferInput(name, list(arr.shape), dt)
-            inp.set_data_from_numpy(arr, binary_data=binary)
-            inputs.append(inp)
+        inputs = _inputs(
+            httpclient,
+            [
+                ("text", "BYTES", text, True),
+                ("words", "BYTES", words, False),
+                ("empty", "FP32", empty, True),
+            ],
+        )
         # No outputs named: tritonclient asks for binary_data_output.
         result = client.infer("echo", inputs)
         assert same(result.as_numpy("text"), text)
@@ -283,9 +278,7 @@ def test_tritonclient_bytes_binary_data_output_and_zero_size(port: int) -> None:
         assert same(result.as_numpy("empty"), empty)
         assert all("binary_data_size" in o["parameters"] for o in result.get_response()["outputs"])
         # JSON asked for every output: the non-UTF-8 BYTES still come back binary.
-        outputs = [
-            triton_http.InferRequestedOutput(n, binary_data=False) for n in ("text", "words")
-        ]
+        outputs = [httpclient.InferRequestedOutput(n, binary_data=False) for n in ("text", "words")]
         result = client.infer("echo", inputs, outputs=outputs)
         assert same(result.as_numpy("text"), text)
         by_name = {o["name"]: o for o in result.get_response()["outputs"]}
@@ -296,12 +289,12 @@ def test_tritonclient_bytes_binary_data_output_and_zero_size(port: int) -> None:
 
 
 def test_tritonclient_endpoints_and_errors(port: int) -> None:
-    client = triton_http.InferenceServerClient(f"127.0.0.1:{port}")
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
     try:
         assert client.is_server_live() and client.is_server_ready()
         assert client.is_model_ready("echo") and not client.is_model_ready("nope")
         assert "binary_tensor_data" in client.get_server_metadata()["extensions"]
-        inp = triton_http.InferInput("x", [2], "FP32")
+        inp = httpclient.InferInput("x", [2], "FP32")
         inp.set_data_from_numpy(np.ones(2, dtype=np.float32))
         with pytest.raises(InferenceServerException, match="unknown model") as info:
             client.infer("nope", [inp])
@@ -310,7 +303,7 @@ def test_tritonclient_endpoints_and_errors(port: int) -> None:
             client.infer("fail", [inp])
         assert info.value.status() == "422"
         with pytest.raises(InferenceServerException, match="unexpected inference output"):
-            client.infer("echo", [inp], outputs=[triton_http.InferRequestedOutput("y")])
+            client.infer("echo", [inp], outputs=[httpclient.InferRequestedOutput("y")])
         assert same(client.infer("echo", [inp]).as_numpy("x"), np.ones(2, dtype=np.float32))
     finally:
         client.close()
@@ -327,15 +320,12 @@ def test_tritonclient_aio_binary_chosen_per_output(port: int) -> None:
     types = {"f": "FP32", "i": "INT64", "s": "BYTES", "b": "BOOL", "e": "UINT16"}
 
     async def go() -> None:
-        client = triton_aio.InferenceServerClient(f"127.0.0.1:{port}")
+        client = aioclient.InferenceServerClient(f"127.0.0.1:{port}")
         try:
             assert await client.is_server_ready()
-            inputs = []
-            for name, arr in arrays.items():
-                inp = triton_aio.InferInput(name, list(arr.shape), types[name])
-                inp.set_data_from_numpy(arr, binary_data=name != "b")
-                inputs.append(inp)
-            outputs = [triton_aio.InferRequestedOutput(n, binary_data=n != "i") for n in arrays]
+            items = [(name, types[name], arr, name != "b") for name, arr in arrays.items()]
+            inputs = _inputs(aioclient, items)
+            outputs = [aioclient.InferRequestedOutput(n, binary_data=n != "i") for n in arrays]
             result = await client.infer("echo", inputs, outputs=outputs)
             for name, arr in arrays.items():
                 assert same(result.as_numpy(name), arr), name
@@ -355,13 +345,9 @@ def test_server_compresses_for_tritonclient(port: int) -> None:
     arrays = {dt: triton_sample(dt) for dt in ("FP32", "INT64", "BOOL")}
     arrays["BYTES"] = np.array([[b"\xff\x00"], [b""], [b"abc"]], dtype=np.object_)
     for algorithm in ("gzip", "deflate"):
-        client = triton_http.InferenceServerClient(f"127.0.0.1:{port}")
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
         try:
-            inputs = []
-            for dt, arr in arrays.items():
-                inp = triton_http.InferInput(dt.lower(), list(arr.shape), dt)
-                inp.set_data_from_numpy(arr)
-                inputs.append(inp)
+            inputs = _inputs(httpclient, [(dt.lower(), dt, a, True) for dt, a in arrays.items()])
             result = client.infer("echo", inputs, response_compression_algorithm=algorithm)
             for dt, arr in arrays.items():
                 assert same(result.as_numpy(dt.lower()), arr), (algorithm, dt)
@@ -369,13 +355,9 @@ def test_server_compresses_for_tritonclient(port: int) -> None:
             client.close()
 
     async def aio() -> None:
-        client = triton_aio.InferenceServerClient(f"127.0.0.1:{port}")
+        client = aioclient.InferenceServerClient(f"127.0.0.1:{port}")
         try:
-            inputs = []
-            for dt, arr in arrays.items():
-                inp = triton_aio.InferInput(dt.lower(), list(arr.shape), dt)
-                inp.set_data_from_numpy(arr)
-                inputs.append(inp)
+            inputs = _inputs(aioclient, [(dt.lower(), dt, a, True) for dt, a in arrays.items()])
             result = await client.infer("echo", inputs)
             for dt, arr in arrays.items():
                 assert same(result.as_numpy(dt.lower()), arr), dt
