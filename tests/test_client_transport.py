@@ -79,10 +79,16 @@ async def _raw_server(handler: Handler) -> AsyncIterator[int]:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _stream(port: int, timeout: float | None = 10) -> ClientStream:
-    stream = await connect("127.0.0.1", port, timeout=timeout)
-    assert isinstance(stream, ClientStream)
-    return stream
+@asynccontextmanager
+async def _connected(handler: Handler, timeout: float | None = 10) -> AsyncIterator[ClientStream]:
+    """A client stream to a raw server running ``handler``; closed at the end."""
+    async with _raw_server(handler) as port:
+        stream = await connect("127.0.0.1", port, timeout=timeout)
+        assert isinstance(stream, ClientStream)
+        try:
+            yield stream
+        finally:
+            await stream.aclose()
 
 
 PATTERN = (np.arange(3 << 20) * 7 % 251).astype(np.uint8)  # 3 MiB, no period of 2**k
@@ -98,29 +104,25 @@ def test_bytes_that_come_while_no_read_waits_are_kept_in_order(loop_kind: str) -
         writer.close()
 
     async def main() -> None:
-        async with _raw_server(handler) as port:
-            stream = await _stream(port)
-            try:
-                while not stream.is_readable() or stream._end - stream._start < RECEIVE_BUFFER:
-                    await asyncio.sleep(0.01)  # (until the buffer is full)
-                assert stream._reading_paused
-                assert len(stream._buf) == RECEIVE_BUFFER  # held to one buffer
-                got = np.zeros_like(PATTERN)
-                at, turn = 0, 0
-                while at < len(got):
-                    if turn % 2:
-                        data = await stream.receive_some(1000)
-                        got[at : at + len(data)] = np.frombuffer(data, np.uint8)
-                        n = len(data)
-                    else:
-                        n = await stream.receive_into(got.data[at : at + 300_000])
-                    assert n, f"the stream ended after {at} bytes"
-                    at, turn = at + n, turn + 1
-                assert np.array_equal(got, PATTERN)
-                assert await stream.receive_some(10) == b""
-                assert await stream.receive_into(memoryview(bytearray(10))) == 0
-            finally:
-                await stream.aclose()
+        async with _connected(handler) as stream:
+            while not stream.is_readable() or stream._end - stream._start < RECEIVE_BUFFER:
+                await asyncio.sleep(0.01)  # (until the buffer is full)
+            assert stream._reading_paused
+            assert len(stream._buf) == RECEIVE_BUFFER  # held to one buffer
+            got = np.zeros_like(PATTERN)
+            at, turn = 0, 0
+            while at < len(got):
+                if turn % 2:
+                    data = await stream.receive_some(1000)
+                    got[at : at + len(data)] = np.frombuffer(data, np.uint8)
+                    n = len(data)
+                else:
+                    n = await stream.receive_into(got.data[at : at + 300_000])
+                assert n, f"the stream ended after {at} bytes"
+                at, turn = at + n, turn + 1
+            assert np.array_equal(got, PATTERN)
+            assert await stream.receive_some(10) == b""
+            assert await stream.receive_into(memoryview(bytearray(10))) == 0
 
     _run(main, loop_kind)
 
@@ -139,25 +141,21 @@ def test_a_cancelled_receive_puts_no_later_bytes_in_its_buffer(when: str) -> Non
         await reader.read()  # (until the client closes)
 
     async def main() -> None:
-        async with _raw_server(handler) as port:
-            stream = await _stream(port)
-            try:
-                target = np.zeros(8, np.uint8)
-                task = asyncio.create_task(stream.receive_into(target.data))
-                await asyncio.sleep(0.05)
-                task.cancel()  # (its waiter is cancelled now; its task runs later)
-                if when == "at once":
-                    buffer = stream.get_buffer(-1)
-                    buffer[:3] = b"abc"
-                    stream.buffer_updated(3)
-                with pytest.raises(asyncio.CancelledError):
-                    await task
-                if when == "later":
-                    go.set()
-                assert await stream.receive_some(10) == b"abc"
-                assert not target.any()
-            finally:
-                await stream.aclose()
+        async with _connected(handler) as stream:
+            target = np.zeros(8, np.uint8)
+            task = asyncio.create_task(stream.receive_into(target.data))
+            await asyncio.sleep(0.05)
+            task.cancel()  # (its waiter is cancelled now; its task runs later)
+            if when == "at once":
+                buffer = stream.get_buffer(-1)
+                buffer[:3] = b"abc"
+                stream.buffer_updated(3)
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            if when == "later":
+                go.set()
+            assert await stream.receive_some(10) == b"abc"
+            assert not target.any()
 
     _run(main)
 
@@ -167,16 +165,12 @@ def test_a_silent_server_times_a_receive_out_each_time() -> None:
         await reader.read()
 
     async def main() -> None:
-        async with _raw_server(handler) as port:
-            stream = await _stream(port, timeout=0.2)
-            try:
-                for _ in range(2):  # (the connection's one timer is armed again)
-                    with pytest.raises(TimeoutError, match=r"no bytes from the peer within 0\.2 s"):
-                        await stream.receive_some(10)
-                stream.timeout = None
-                assert not stream.is_readable()
-            finally:
-                await stream.aclose()
+        async with _connected(handler, timeout=0.2) as stream:
+            for _ in range(2):  # (the connection's one timer is armed again)
+                with pytest.raises(TimeoutError, match=r"no bytes from the peer within 0\.2 s"):
+                    await stream.receive_some(10)
+            stream.timeout = None
+            assert not stream.is_readable()
 
     _run(main)
 
@@ -188,22 +182,18 @@ def test_a_send_the_server_does_not_take_times_out_holding_little() -> None:
         await asyncio.sleep(30)
 
     async def main() -> None:
-        async with _raw_server(handler) as port:
-            stream = await _stream(port, timeout=0.3)
+        held = [0]
+        async with _connected(handler, timeout=0.3) as stream:
             assert stream.transport is not None
-            held = [0]
-            try:
-                big = np.ones(64 << 20, np.uint8)
-                send = asyncio.create_task(stream.send_all([b"head", big]))
-                while not send.done():
-                    held.append(stream.transport.get_write_buffer_size())
-                    await asyncio.sleep(0.01)
-                with pytest.raises(TimeoutError, match="no room to write from the peer"):
-                    await send
-                assert stream.is_readable()  # (aborted: not to be used again)
-            finally:
-                await stream.aclose()
-            assert 0 < max(held) <= HIGH_WATER + WRITE_PIECE
+            big = np.ones(64 << 20, np.uint8)
+            send = asyncio.create_task(stream.send_all([b"head", big]))
+            while not send.done():
+                held.append(stream.transport.get_write_buffer_size())
+                await asyncio.sleep(0.01)
+            with pytest.raises(TimeoutError, match="no room to write from the peer"):
+                await send
+            assert stream.is_readable()  # (aborted: not to be used again)
+        assert 0 < max(held) <= HIGH_WATER + WRITE_PIECE
 
     _run(main)
 
@@ -223,13 +213,9 @@ def test_a_send_of_small_and_big_buffers_arrives_whole_and_in_order(loop_kind: s
         writer.close()
 
     async def main() -> None:
-        async with _raw_server(handler) as port:
-            stream = await _stream(port)
-            try:
-                await stream.send_all(parts)
-                assert await stream.receive_some(10) == b"ok"
-            finally:
-                await stream.aclose()
+        async with _connected(handler) as stream:
+            await stream.send_all(parts)
+            assert await stream.receive_some(10) == b"ok"
 
     _run(main, loop_kind)
     assert received == [expected]
