@@ -14,7 +14,9 @@ if sys.platform != "win32":
 
 try:
     from .servers import ALL_BACKENDS, ASYNCIO_BACKENDS, BACKENDS
-except ImportError:  # (the h11 extra missing: no server to run)
+except ModuleNotFoundError as exc:  # (the h11 extra missing: no server to run)
+    if exc.name != "h11":
+        raise
     ALL_BACKENDS = ASYNCIO_BACKENDS = BACKENDS = []
 
 

@@ -31,7 +31,7 @@ import subprocess
 import threading
 from collections.abc import Callable, MutableMapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import binproto
 
@@ -278,13 +278,21 @@ class MemoryStream:
         pass
 
 
-class MemoryStreamInto(MemoryStream):
-    """:class:`MemoryStream` that also receives into the caller's memory."""
+class _Receives(Protocol):
+    async def receive_some(self, max_bytes: int) -> bytes: ...
 
-    async def receive_into(self, view: memoryview) -> int:
+
+class _ReceivesInto:
+    """``receive_into`` made of a stream's own ``receive_some``."""
+
+    async def receive_into(self: _Receives, view: memoryview) -> int:
         data = await self.receive_some(len(view))
         view[: len(data)] = data
         return len(data)
+
+
+class MemoryStreamInto(_ReceivesInto, MemoryStream):
+    """:class:`MemoryStream` that also receives into the caller's memory."""
 
 
 class ThreadedStream(MemoryStream):
@@ -329,13 +337,8 @@ class TimingOutStream:
         pass
 
 
-class TimingOutStreamInto(TimingOutStream):
+class TimingOutStreamInto(_ReceivesInto, TimingOutStream):
     """:class:`TimingOutStream` that also receives into the caller's memory."""
-
-    async def receive_into(self, view: memoryview) -> int:
-        data = await self.receive_some(len(view))
-        view[: len(data)] = data
-        return len(data)
 
 
 def tls_contexts(folder: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:

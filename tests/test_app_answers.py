@@ -70,9 +70,15 @@ def _of_a_request() -> binproto.BodyWriter:
     return binproto.BodyWriter({"inputs": header["outputs"]})
 
 
-@pytest.mark.parametrize("writer_of", [_started, _of_a_request])
+@pytest.mark.parametrize(
+    ("writer_of", "fault"),
+    [(_started, "start() was already called"), (_of_a_request, "needs a BodyWriter of a response")],
+)
 def test_a_streaming_writer_that_cannot_start_is_a_logged_500(
-    backend: str, writer_of: Callable[[], binproto.BodyWriter], caplog: pytest.LogCaptureFixture
+    backend: str,
+    writer_of: Callable[[], binproto.BodyWriter],
+    fault: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # Refused before the response's head goes out: the client gets a 500
     # (not a closed connection, nor a request's body as the answer), logged.
@@ -81,6 +87,7 @@ def test_a_streaming_writer_that_cannot_start_is_a_logged_500(
         sent = _answer(backend, Model("s", _streaming(writer_of)), wire)
     assert sent.startswith(b"HTTP/1.1 500 "), sent[:200]
     assert "error while serving /v2/models/s/infer" in caplog.text
+    assert fault in caplog.text
 
 
 def test_a_handlers_local_protocol_error_is_logged(

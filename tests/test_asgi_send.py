@@ -252,24 +252,30 @@ def test_writer_response_with_a_sync_iterable() -> None:
 
 
 @pytest.mark.parametrize(
-    "pieces",
+    ("pieces", "fault"),
     [
-        [(0, np.zeros(2, dtype=np.float32))],  # "b" never sent
-        [(0, np.zeros(3, dtype=np.float32))],  # more than "a" declared
+        ([(0, np.zeros(2, dtype=np.float32))], "cannot end: output 'b' has 0"),  # "b" never sent
+        ([(0, np.zeros(3, dtype=np.float32))], "exceed the 8 left"),  # more than "a" declared
     ],
 )
-def test_writer_response_producer_faults(pieces: list[tuple[int, Any]]) -> None:
+def test_writer_response_producer_faults(pieces: list[tuple[int, Any]], fault: str) -> None:
     writer = binproto.BodyWriter(stream_header(2))
     rec = AsgiRecorder()
-    with pytest.raises(binproto.LocalProtocolError):
+    with pytest.raises(binproto.LocalProtocolError, match=fault):
         asyncio.run(asgi.WriterResponse(writer, pieces)({"type": "http"}, _no_receive, rec))
-    # The body was cut short, never completed: the client cannot mistake it.
+    # The body was begun, then cut short, never completed: the client cannot mistake it.
+    assert rec.messages[0]["type"] == "http.response.start" and len(rec.messages) >= 2
     assert all(m.get("more_body", True) for m in rec.messages[1:])
     assert len(rec.body()) < writer.content_length
 
 
-@pytest.mark.parametrize("started", [False, True])
-def test_a_writer_that_cannot_start_is_refused_before_the_response(started: bool) -> None:
+@pytest.mark.parametrize(
+    ("started", "fault"),
+    [(False, "needs a BodyWriter of a response header"), (True, "start\\(\\) was already called")],
+)
+def test_a_writer_that_cannot_start_is_refused_before_the_response(
+    started: bool, fault: str
+) -> None:
     # A request's header, or a writer already started: refused before
     # http.response.start, so the server can still answer 500.
     if started:
@@ -280,7 +286,7 @@ def test_a_writer_that_cannot_start_is_refused_before_the_response(started: bool
         tensor["parameters"] = {"binary_data_size": 1}
         writer = binproto.BodyWriter({"inputs": [tensor]})
     rec = AsgiRecorder()
-    with pytest.raises(binproto.LocalProtocolError):
+    with pytest.raises(binproto.LocalProtocolError, match=fault):
         asyncio.run(asgi.WriterResponse(writer, [])({"type": "http"}, _no_receive, rec))
     assert rec.messages == []
 

@@ -383,7 +383,10 @@ def test_connect_tries_each_address_in_turn() -> None:
         loop = asyncio.get_running_loop()
         real = loop.getaddrinfo
 
+        asked: list[Any] = []
+
         async def refused_first(host: Any, port: Any, **kw: Any) -> Any:
+            asked.append(host)
             infos = await real(host, port, **kw)
             family, type_, proto, name, _ = infos[0]
             return [(family, type_, proto, name, refusing.getsockname()), *infos]
@@ -392,6 +395,7 @@ def test_connect_tries_each_address_in_turn() -> None:
         try:
             stream = await connect("127.0.0.1", port)
             await stream.aclose()
+            assert asked == ["127.0.0.1"]  # (the refused address came first)
         finally:
             del loop.getaddrinfo
             refusing.close()
