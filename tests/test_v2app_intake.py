@@ -43,11 +43,15 @@ def _scope(headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
     }
 
 
-async def _serve(app: V2App, pieces: list[tuple[float, bytes]]) -> list[dict[str, Any]]:
+async def _serve(
+    app: V2App, pieces: list[tuple[float, bytes]], content_length: int | None = None
+) -> list[dict[str, Any]]:
     """Call ``app`` with a body sent as ``pieces`` (a delay, then the bytes);
     after the last, ``receive`` waits forever unless the last piece ended
-    the body. Returns what the app sent."""
+    the body. ``content_length`` replaces the request's. Returns what the app sent."""
     headers, _ = _request()
+    if content_length is not None:
+        headers = [(k, b"%d" % content_length if k == b"content-length" else v) for k, v in headers]
     queue = list(pieces)
     sent: list[dict[str, Any]] = []
 
@@ -94,6 +98,17 @@ def test_a_body_that_stops_coming_is_answered_408(keep: int) -> None:
     # One timeout, checked a quarter of it late at most (plus the loop's own slack).
     assert 0.2 <= elapsed < 0.2 + 0.05 + 0.5
     assert app.body_bytes_in_flight == 0
+
+
+def test_a_body_too_big_to_drop_that_stops_coming_is_answered_408_and_closed() -> None:
+    # Past what is read and dropped for an answer: the close comes from the
+    # stall itself, not from a failed drop.
+    _, body = _request()
+    sent = asyncio.run(
+        _serve(V2App(body_timeout=0.2), _stalling(body, 10), content_length=300 << 20)
+    )
+    status, headers, _ = _answer(sent)
+    assert status == 408 and headers[b"connection"] == b"close"
 
 
 def test_a_slow_body_that_keeps_moving_is_read() -> None:

@@ -311,12 +311,12 @@ async def _error(
             reader.budget = None
         expects = "expect" in _scope_fields(scope)
         remaining = reader.remaining
-        if not drains_for_answer(exc, remaining) or reader.stalled:
-            close = True  # (a stalled body is not waited for again)
-        elif reader.failed is None and not (expects and not reader._received):
+        if not drains_for_answer(exc, remaining) or reader.failed is not None:
+            close = True  # (a body that stalled, or whose client left, is not read again)
+        elif not (expects and not reader._received):
             if remaining is None or remaining <= DISCARD_LIMIT:
                 # A body left unread (too long, or stalled) is not waited for again.
-                if not await reader.discard() or reader.stalled:
+                if not await reader.discard():
                     close = True
     if isinstance(exc, InferenceError):
         response = error_response(exc.message, exc.status)
