@@ -24,7 +24,6 @@ from binproto.adapters._server import Timeouts
 from binproto.adapters.asyncio import (
     HIGH_WATER,
     RECEIVE_BUFFER,
-    WRITE_PIECE,
     Client,
     ClientStream,
     InferRequest,
@@ -35,6 +34,7 @@ from binproto.adapters.asyncio import (
     echo_model,
     start_server,
 )
+from binproto.adapters.h11 import PIECE
 
 from .fakes import tls_contexts
 
@@ -193,7 +193,7 @@ def test_a_send_the_server_does_not_take_times_out_holding_little() -> None:
             with pytest.raises(TimeoutError, match="no room to write from the peer"):
                 await send
             assert stream.is_readable()  # (aborted: not to be used again)
-        assert 0 < max(held) <= HIGH_WATER + WRITE_PIECE
+        assert 0 < max(held) <= HIGH_WATER + PIECE
 
     _run(main)
 

@@ -58,8 +58,6 @@ from ._client import (
     Retry,
 )
 from ._metadata import ModelMetadata, ServerMetadata, TensorMetadata
-
-# The server's model API, the same for every backend.
 from ._server import (
     HEAD_READ,
     InferenceError,
@@ -70,6 +68,9 @@ from ._server import (
     V2Server,
     echo_model,
 )
+
+# The server's model API, the same for every backend.
+from .h11 import body_pieces
 
 __all__ = [
     "BufferedStream",
@@ -649,10 +650,6 @@ def _after(views: list[memoryview], sent: int) -> list[memoryview]:
 #: answer's head and a small body, taken in one read.
 RECEIVE_BUFFER = 1 << 16
 
-#: Most bytes of one buffer handed to a transport at a time: before Python
-#: 3.12 a transport copies what the kernel did not take at once.
-WRITE_PIECE = 1 << 20
-
 _BYTES = "bytes"  # what a receive waits for
 
 
@@ -671,8 +668,9 @@ class ClientStream(_WorkerThreads, asyncio.BufferedProtocol):
 
     Requests go out from the caller's buffers. Over TCP, one ``sendmsg``
     sends what the kernel takes at once; the rest goes through the
-    transport in pieces of at most :data:`WRITE_PIECE` bytes, waiting for
-    the server to take them. ``sock`` is the transport's socket, sent on
+    transport in pieces of at most 1 MiB (as the servers write:
+    :func:`~binproto.adapters.h11.body_pieces`), waiting for the server to
+    take them. ``sock`` is the transport's socket, sent on
     directly only while nothing waits in the transport (None over TLS).
     """
 
@@ -847,19 +845,15 @@ class ClientStream(_WorkerThreads, asyncio.BufferedProtocol):
                 pass
             if sent == sum(map(_nbytes, buffers)):
                 return  # (the common case: no view made)
+        # (In pieces: before Python 3.12 a transport copies what the kernel did not take.)
         pending = _after([memoryview(b).cast("B") for b in buffers if _nbytes(b)], sent)
-        try:
-            for view in pending:
-                for at in range(0, len(view), WRITE_PIECE):
-                    while self._writing_paused and not transport.is_closing():
-                        await self._wait(_TAKE)
-                    if transport.is_closing():
-                        raise ConnectionResetError("the connection is closed")
-                    transport.write(view[at : at + WRITE_PIECE])
-        except TimeoutError:
-            # The server stopped reading: what is buffered would never go.
-            transport.abort()
-            raise
+        await _write_all(transport, self._room, list(body_pieces(pending)))
+
+    async def _room(self) -> None:
+        """Wait while the transport holds more than its high-water mark."""
+        transport = self.transport
+        while self._writing_paused and transport is not None and not transport.is_closing():
+            await self._wait(_TAKE)
 
     async def send_eof(self) -> None:
         """End the sending side (when the transport can: not over TLS)."""
