@@ -44,3 +44,8 @@ def v2app() -> Any:
 
 #: The same, built at import (what ``gunicorn tests.cli_models:app`` serves).
 app = v2app()
+
+
+def failing_models() -> list[Model]:
+    """A factory that fails in every worker: each one exits as it starts."""
+    raise RuntimeError("these models cannot be made")

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import binproto
+from binproto.cli import _serving
 
 from .servers import answering_pids, gone, serve_command, wait_ready
 
@@ -54,6 +55,29 @@ def test_a_worker_that_dies_is_replaced() -> None:
         wait_ready(served)
         pids = answering_pids(served.port, 16)
         assert victim not in pids and set(pids) <= served.children()
+
+
+def test_workers_that_keep_dying_stop_the_server_with_status_1() -> None:
+    # Each worker fails to make its models; past 3 deaths a worker within
+    # 30 s the server stops, rather than start workers forever.
+    done = _run("tests.cli_models:failing_models", "--workers", "2", "--port", "0")
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "workers keep exiting" in done.stderr
+    assert done.stderr.count("starting another") == _serving.DEATHS_PER_WORKER * 2
+
+
+def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_serving, "STOP_GRACE", 0.5)
+    code = "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN)"
+    code += "; print(flush=True); time.sleep(60)"
+    stubborn = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    assert stubborn.stdout is not None and stubborn.stdout.readline()  # (ignoring by now)
+    start = time.monotonic()
+    _serving._stop([stubborn])
+    assert stubborn.returncode == -signal.SIGKILL
+    assert 0.5 <= time.monotonic() - start < 3
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

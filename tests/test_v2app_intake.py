@@ -111,6 +111,30 @@ def test_a_body_too_big_to_drop_that_stops_coming_is_answered_408_and_closed() -
     assert status == 408 and headers[b"connection"] == b"close"
 
 
+def test_under_trio_the_body_timeout_is_not_applied() -> None:
+    trio = pytest.importorskip("trio")
+    headers, body = _request()
+    sent: list[Message] = []
+    first = [body[:100]]
+
+    async def receive() -> dict[str, Any]:
+        if first:
+            return {"type": "http.request", "body": first.pop(), "more_body": True}
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    async def main() -> bool:
+        with trio.move_on_after(0.6) as waited:
+            await V2App(body_timeout=0.1)(_scope(headers), receive, send)
+        return bool(waited.cancelled_caught)
+
+    assert trio.run(main)  # still waiting for the body at 6 times the timeout
+    assert sent == [] and not first
+
+
 def test_a_slow_body_that_keeps_moving_is_read() -> None:
     # Inactivity, not a deadline: each piece comes within the timeout, the
     # whole body takes three times as long.
