@@ -2,7 +2,7 @@
 
 The same :class:`~binproto.adapters.server.Model` objects that
 :class:`~binproto.adapters._server.V2Server` serves, served by any ASGI
-server (uvicorn, hypercorn, gunicorn with uvicorn workers) or mounted in
+server (uvicorn, gunicorn with uvicorn workers) or mounted in
 Starlette or FastAPI. Answers come from
 :class:`~binproto.adapters._app.V2Application`: the statuses and bodies are
 those of binproto's own servers.
@@ -91,7 +91,7 @@ class V2App:
     the client accepts it, as ``V2Server`` does.
 
     Timeouts: the ASGI server's (uvicorn: keep-alive), and ``body_timeout``
-    (asyncio servers only: uvicorn, hypercorn's asyncio workers). A body
+    (asyncio servers only, uvicorn among them). A body
     that ends early, or a client that leaves, ends the request without an
     answer.
 
@@ -112,7 +112,7 @@ class V2App:
             request is answered 408 and the connection closed. None: no
             bound. Checked every second (or a quarter of it, when less).
         views: send response bodies as views of the outputs' memory (no
-            copy; uvicorn and hypercorn take them). False sends ``bytes``,
+            copy; uvicorn takes them). False sends ``bytes``,
             as the ASGI spec says, for servers that pass messages between
             processes (Ray Serve pickles them): each body is then copied.
     """
